@@ -1,0 +1,285 @@
+// Package client is the Go client of a fleet, for producers and event
+// consumers: submit a request, watch a job's events, wait for its result,
+// cancel it.
+//
+//	nc, _ := nats.Connect(nats.DefaultURL)
+//	c, _ := client.New(nc)
+//	sub, err := c.Submit(ctx, &job.Request{Command: []string{"echo", "hi"}})
+//	res, err := c.Result(ctx, sub.JobID)
+//
+// Everything goes through NATS; the client needs no other address.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Client talks to a fleet over a NATS connection.
+type Client struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	names queue.Names
+	kv    jetstream.KeyValue
+}
+
+// Option configures a Client.
+type Option func(*Client) error
+
+// ErrInvalidOption wraps errors of options.
+var ErrInvalidOption = errors.New("invalid option")
+
+// WithPrefix sets the fleet's subject prefix. Defaults to "fleet".
+func WithPrefix(p string) Option {
+	return func(c *Client) error {
+		if p == "" {
+			return fmt.Errorf("%w: empty prefix", ErrInvalidOption)
+		}
+		c.names.Prefix = p
+		return nil
+	}
+}
+
+// New returns a Client using nc.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	c := &Client{nc: nc, js: js, names: queue.Names{Prefix: queue.DefaultPrefix}}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Submission is the dispatcher's answer to an accepted request.
+type Submission struct {
+	JobID     string    `json:"job_id"`
+	State     job.State `json:"state"`
+	Duplicate bool      `json:"duplicate,omitempty"`
+	Warning   string    `json:"warning,omitempty"`
+}
+
+// RejectedError is a request the dispatcher refused, with its reason.
+type RejectedError struct {
+	JobID  string
+	Reason string
+}
+
+func (e *RejectedError) Error() string { return "rejected: " + e.Reason }
+
+// Submit sends a request and returns the dispatcher's answer. A refused
+// request is a *RejectedError. Without a deadline on ctx it waits 10s.
+func (c *Client) Submit(ctx context.Context, r *job.Request) (*Submission, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	return c.SubmitJSON(ctx, data)
+}
+
+// SubmitJSON sends a request document as is, so that the dispatcher, not
+// the client, judges it.
+func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, error) {
+	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := c.nc.RequestWithContext(ctx, c.names.Submit(), data)
+	if err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	var reply struct {
+		Submission
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("submit: unreadable answer: %w", err)
+	}
+	if reply.Error != "" {
+		return nil, &RejectedError{JobID: reply.JobID, Reason: reply.Error}
+	}
+	return &reply.Submission, nil
+}
+
+// Status is a job's record and, once it has one, its result.
+type Status struct {
+	Job    *job.Record `json:"job"`
+	Result *job.Result `json:"result,omitempty"`
+}
+
+// ErrNotFound means the fleet knows no job with that id.
+var ErrNotFound = queue.ErrNotFound
+
+// Status reads a job's state from the jobs bucket, and its result.
+func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
+	if !job.ValidID(id) {
+		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
+	}
+	kv, err := c.bucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("status of %s: %w", id, err)
+	}
+	var rec job.Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, fmt.Errorf("status of %s: %w", id, err)
+	}
+	s := &Status{Job: &rec}
+	if rec.State.Final() {
+		if s.Result, err = queue.LastResult(ctx, c.js, c.names, id); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (c *Client) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	if c.kv != nil {
+		return c.kv, nil
+	}
+	kv, err := c.js.KeyValue(ctx, c.names.Bucket())
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", c.names.Bucket(), err)
+	}
+	c.kv = kv
+	return kv, nil
+}
+
+// Result waits for a job's result.
+func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
+	if !job.ValidID(id) {
+		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
+	}
+	if r, err := queue.LastResult(ctx, c.js, c.names, id); err != nil || r != nil {
+		return r, err
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.names.ResultsStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.names.Results(id)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("await result of %s: %w", id, err)
+	}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("await result of %s: %w", id, err)
+		}
+		return job.DecodeResult(m.Data())
+	}
+}
+
+// Events yields a job's lifecycle events from the first, live, and ends
+// after its final event (succeeded, failed, timed_out, cancelled or
+// rejected), which is always a job's last. Stop early by breaking out of
+// the loop or ending ctx.
+func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, error] {
+	return func(yield func(*job.Event, error) bool) {
+		if !job.ValidID(id) {
+			yield(nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id))
+			return
+		}
+		cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{c.names.Events(id)},
+		})
+		if err != nil {
+			yield(nil, fmt.Errorf("watch %s: %w", id, err))
+			return
+		}
+		msgs, err := cons.Messages()
+		if err != nil {
+			yield(nil, fmt.Errorf("watch %s: %w", id, err))
+			return
+		}
+		defer msgs.Stop()
+		stop := context.AfterFunc(ctx, msgs.Stop)
+		defer stop()
+		for {
+			m, err := msgs.Next()
+			if err != nil {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				}
+				yield(nil, fmt.Errorf("watch %s: %w", id, err))
+				return
+			}
+			e, err := job.DecodeEvent(m.Data())
+			if err != nil {
+				// Not ours to judge further: report it and go on.
+				if !yield(nil, err) {
+					return
+				}
+				continue
+			}
+			if !yield(e, nil) || e.Type.Final() {
+				return
+			}
+		}
+	}
+}
+
+// CancelReply says what a cancel did.
+type CancelReply struct {
+	JobID     string    `json:"job_id"`
+	State     job.State `json:"state"`
+	Cancelled bool      `json:"cancelled"`
+	Message   string    `json:"message"`
+}
+
+// Cancel asks the dispatcher to cancel a job, in whatever state it is.
+func (c *Client) Cancel(ctx context.Context, id string) (*CancelReply, error) {
+	if !job.ValidID(id) {
+		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := c.nc.RequestWithContext(ctx, c.names.Cancel(id), nil)
+	if err != nil {
+		return nil, fmt.Errorf("cancel %s: %w", id, err)
+	}
+	var reply struct {
+		CancelReply
+		Error    string `json:"error"`
+		NotFound bool   `json:"not_found"`
+	}
+	if err := json.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("cancel %s: unreadable answer: %w", id, err)
+	}
+	if reply.NotFound {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("cancel %s: %s", id, reply.Error)
+	}
+	return &reply.CancelReply, nil
+}
+
+func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}

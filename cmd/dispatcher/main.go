@@ -1,0 +1,154 @@
+// Command dispatcher accepts execution requests on NATS and over HTTP,
+// validates them and publishes them as jobs for the workers of their pool.
+//
+// With --embedded it also runs the services a fleet needs (a NATS server
+// with JetStream, a Redis-protocol store) in the same process, so that one
+// dispatcher and one worker make a whole fleet on one machine.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/cli"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/embedded"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/internal/version"
+	"github.com/fleet-dev/fleet/job"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "dispatcher:", err)
+		os.Exit(1)
+	}
+}
+
+type flags struct {
+	nats        cli.NATSFlags
+	log         cli.LogFlags
+	httpAddr    string
+	prefix      string
+	dataDir     string
+	embedded    bool
+	natsConfig  string
+	replicas    int
+	retention   time.Duration
+	ackWait     time.Duration
+	maxRequest  int
+	memoryStore bool
+}
+
+func run(args []string) error {
+	var f flags
+	fs := flag.NewFlagSet("dispatcher", flag.ContinueOnError)
+	f.nats.Register(fs)
+	f.log.Register(fs)
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "address of the HTTP API")
+	fs.StringVar(&f.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of every subject, stream and bucket name")
+	fs.StringVar(&f.dataDir, "data-dir", "./data", "folder of the embedded services' data")
+	fs.BoolVar(&f.embedded, "embedded", false, "run NATS (at --nats-url) and a Redis-protocol store (at --redis-url) in this process")
+	fs.StringVar(&f.natsConfig, "nats-server-config", "", "with --embedded: a NATS server configuration file (accounts, TLS)")
+	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each stream (3 on a NATS cluster)")
+	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long events, results and job states are kept")
+	fs.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long the submit consumer waits for a dispatcher's ack")
+	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
+	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
+	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
+	if err := cli.Parse(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	log, err := f.log.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	ctx, second, stop := cli.SignalContext()
+	defer stop()
+
+	tel, err := telemetry.Setup(ctx, telemetry.Config{Service: "fleet-dispatcher", Version: version.Version})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tel.Shutdown(context.Background()) }()
+
+	if f.embedded {
+		dir, err := filepath.Abs(f.dataDir)
+		if err != nil {
+			return err
+		}
+		ns, err := embedded.StartNATS(embedded.NATSConfig{URL: f.nats.URL, DataDir: dir, ConfigFile: f.natsConfig})
+		if err != nil {
+			return err
+		}
+		defer ns.Shutdown()
+		log.Info("embedded NATS server started", "url", ns.ClientURL(), "store", filepath.Join(dir, "jetstream"))
+	}
+
+	cc, err := f.nats.Config("fleet-dispatcher", log)
+	if err != nil {
+		return err
+	}
+	nc, err := queue.Connect(ctx, cc)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	d, err := dispatcher.New(nc, dispatcher.Config{
+		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
+			AckWait: f.ackWait, MemoryStorage: f.memoryStore},
+		Limits: job.Limits{MaxRequestBytes: f.maxRequest},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	setup, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := d.Start(setup); err != nil {
+		return err
+	}
+
+	api := dispatcher.NewAPI(d)
+	api.Handle("GET /metrics", tel.Metrics)
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	ln, err := net.Listen("tcp", f.httpAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", f.httpAddr, err)
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server failed", "err", err)
+		}
+	}()
+	log.Info("dispatcher ready", "http", ln.Addr().String(), "nats", nc.ConnectedUrlRedacted(), "version", version.Version)
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	go func() {
+		<-second
+		log.Warn("second signal: stopping now")
+		scancel()
+	}()
+	_ = srv.Shutdown(sctx)
+	if err := d.Stop(sctx); err != nil {
+		log.Warn("stop", "err", err)
+	}
+	_ = nc.Drain()
+	return nil
+}

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/job"
+)
+
+func init() {
+	var file string
+	var wait bool
+	commands = append(commands,
+		&command{
+			name: "submit", args: "-f FILE [--wait]",
+			help: "Submit an execution request (-f - reads standard input).\n" +
+				"Prints the job id. With --wait, follows the job and exits 0 only if it succeeds;\n" +
+				"with --wait -o json, prints the result document.",
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&file, "f", "", "request file, or - for standard input")
+				fs.BoolVar(&wait, "wait", false, "follow the job until it ends")
+			},
+			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+				return submit(ctx, e, file, wait)
+			},
+		},
+		&command{
+			name: "status", args: "ID",
+			help: "Show a job's state, and its result once it has one.",
+			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+				id, err := oneID(args)
+				if err != nil {
+					return err
+				}
+				return status(ctx, e, id)
+			},
+		},
+		&command{
+			name: "watch", args: "ID",
+			help: "Follow a job's lifecycle events until it ends (-o json: one event per line).",
+			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+				id, err := oneID(args)
+				if err != nil {
+					return err
+				}
+				c, err := e.client(ctx)
+				if err != nil {
+					return err
+				}
+				final, err := watch(ctx, e, c, id, e.stdout)
+				if err != nil {
+					return err
+				}
+				return finalExit(final)
+			},
+		},
+		&command{
+			name: "cancel", args: "ID",
+			help: "Cancel a job: a queued job never starts, a running one is stopped.",
+			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+				id, err := oneID(args)
+				if err != nil {
+					return err
+				}
+				c, err := e.client(ctx)
+				if err != nil {
+					return err
+				}
+				r, err := c.Cancel(ctx, id)
+				if err != nil {
+					return err
+				}
+				if e.json() {
+					return writeJSON(e.stdout, r)
+				}
+				fmt.Fprintf(e.stdout, "%s: %s (state %s)\n", r.JobID, r.Message, r.State)
+				return nil
+			},
+		},
+	)
+}
+
+func oneID(args []string) (string, error) {
+	if len(args) != 1 {
+		return "", exit(exitUsage, "expected one job id, got %d arguments", len(args))
+	}
+	return args[0], nil
+}
+
+func submit(ctx context.Context, e *env, file string, wait bool) error {
+	if file == "" {
+		return exit(exitUsage, "submit needs -f FILE (or -f - for standard input)")
+	}
+	var data []byte
+	var err error
+	if file == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return exit(exitUsage, "read request: %v", err)
+	}
+	c, err := e.client(ctx)
+	if err != nil {
+		return err
+	}
+	sub, err := c.SubmitJSON(ctx, data)
+	var rej *client.RejectedError
+	if errors.As(err, &rej) {
+		if e.json() && !wait {
+			_ = writeJSON(e.stdout, map[string]string{"job_id": rej.JobID, "state": "rejected", "error": rej.Reason})
+		}
+		return exit(exitUsage, "request rejected: %s", rej.Reason)
+	}
+	if err != nil {
+		return err
+	}
+	if sub.Warning != "" {
+		fmt.Fprintln(e.stderr, "warning:", sub.Warning)
+	}
+	if sub.Duplicate {
+		fmt.Fprintf(e.stderr, "job %s already exists (%s); not submitted again\n", sub.JobID, sub.State)
+	}
+	if !wait {
+		if e.json() {
+			return writeJSON(e.stdout, sub)
+		}
+		fmt.Fprintln(e.stdout, sub.JobID)
+		return nil
+	}
+	if !e.json() {
+		fmt.Fprintf(e.stdout, "job %s submitted\n", sub.JobID)
+	}
+	// In JSON mode the events go nowhere: stdout is for the result alone.
+	events := e.stdout
+	if e.json() {
+		events = io.Discard
+	}
+	final, err := watch(ctx, e, c, sub.JobID, events)
+	if err != nil {
+		return err
+	}
+	if final.Type == job.EventRejected {
+		return exit(exitUsage, "rejected: %s", final.Message)
+	}
+	res, err := c.Result(ctx, sub.JobID)
+	if err != nil {
+		return err
+	}
+	if e.json() {
+		if err := writeJSON(e.stdout, res); err != nil {
+			return err
+		}
+	} else {
+		printResult(e.stdout, res)
+	}
+	return finalExit(final)
+}
+
+// watch prints a job's events until its final one, and returns that one.
+func watch(ctx context.Context, e *env, c *client.Client, id string, w io.Writer) (*job.Event, error) {
+	for ev, err := range c.Events(ctx, id) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, exit(exitFleet, "interrupted")
+			}
+			return nil, err
+		}
+		if e.json() {
+			if err := json.NewEncoder(w).Encode(ev); err != nil {
+				return nil, err
+			}
+		} else {
+			printEvent(w, ev)
+		}
+		if ev.Type.Final() {
+			return ev, nil
+		}
+	}
+	return nil, exit(exitFleet, "event stream ended early")
+}
+
+func finalExit(final *job.Event) error {
+	switch final.Type {
+	case job.EventSucceeded:
+		return nil
+	case job.EventRejected:
+		return &exitError{code: exitUsage, err: errors.New("")}
+	}
+	return &exitError{code: exitJobFail, err: errors.New("")}
+}
+
+func printEvent(w io.Writer, ev *job.Event) {
+	t := ev.Time.Local().Format("15:04:05.000")
+	var b strings.Builder
+	switch ev.Type {
+	case job.EventLog:
+		fmt.Fprintf(&b, "%s  %-15s %s", t, "log "+ev.Stream, ev.Line)
+		if ev.Message != "" {
+			fmt.Fprintf(&b, "\n%s  %-15s (%s)", t, "", ev.Message)
+		}
+		fmt.Fprintln(w, b.String())
+		return
+	case job.EventQueued:
+		fmt.Fprintf(&b, "%s  %-15s pool %s", t, ev.Type, ev.Pool)
+	case job.EventStarted:
+		fmt.Fprintf(&b, "%s  %-15s attempt %d on %s (%s)", t, ev.Type, ev.Attempt, ev.WorkerID, ev.Backend)
+	case job.EventHeartbeat:
+		fmt.Fprintf(&b, "%s  %-15s attempt %d", t, ev.Type, ev.Attempt)
+		if ev.Phase != "" {
+			fmt.Fprintf(&b, " %s", ev.Phase)
+		}
+	default:
+		fmt.Fprintf(&b, "%s  %-15s", t, ev.Type)
+		if ev.Attempt > 0 {
+			fmt.Fprintf(&b, " attempt %d", ev.Attempt)
+		}
+		if ev.ExitCode != nil {
+			fmt.Fprintf(&b, ", exit %d", *ev.ExitCode)
+		}
+		if ev.Failure != nil {
+			fmt.Fprintf(&b, ", %s/%s", ev.Failure.Class, ev.Failure.Code)
+		}
+	}
+	if ev.Message != "" {
+		fmt.Fprintf(&b, ": %s", ev.Message)
+	}
+	fmt.Fprintln(w, b.String())
+}
+
+func printResult(w io.Writer, r *job.Result) {
+	fmt.Fprintf(w, "\nresult: %s after %d attempt(s)", r.Status, r.Attempts)
+	if r.ExitCode != nil {
+		fmt.Fprintf(w, ", exit code %d", *r.ExitCode)
+	}
+	if r.StartedAt != nil {
+		fmt.Fprintf(w, ", ran %s", r.FinishedAt.Sub(*r.StartedAt).Round(time.Millisecond))
+	}
+	fmt.Fprintln(w)
+	if r.Failure != nil {
+		fmt.Fprintf(w, "failure: %s (%s): %s\n", r.Failure.Class, r.Failure.Code, r.Failure.Message)
+	}
+	names := make([]string, 0, len(r.Outputs))
+	for n := range r.Outputs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "output %s:\n%s", n, indent(r.Outputs[n]))
+	}
+	if r.Stderr != "" && r.Status != job.StatusSucceeded {
+		fmt.Fprintf(w, "stderr (tail):\n%s", indent(r.Stderr))
+	}
+}
+
+func indent(s string) string {
+	if s == "" {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return "  " + strings.Join(lines, "\n  ") + "\n"
+}
+
+func status(ctx context.Context, e *env, id string) error {
+	c, err := e.client(ctx)
+	if err != nil {
+		return err
+	}
+	s, err := c.Status(ctx, id)
+	if err != nil {
+		if errors.Is(err, client.ErrNotFound) {
+			return exit(exitNotFound, "no job %s", id)
+		}
+		return err
+	}
+	if e.json() {
+		return writeJSON(e.stdout, s)
+	}
+	j := s.Job
+	fmt.Fprintf(e.stdout, "job:       %s\nstate:     %s\npool:      %s\n", j.ID, j.State, j.Pool)
+	if j.Attempt > 0 {
+		fmt.Fprintf(e.stdout, "attempt:   %d of %d", j.Attempt, j.MaxAttempts)
+		if j.WorkerID != "" {
+			fmt.Fprintf(e.stdout, " (worker %s, %s)", j.WorkerID, j.Backend)
+		}
+		fmt.Fprintln(e.stdout)
+	}
+	fmt.Fprintf(e.stdout, "submitted: %s\n", j.SubmittedAt.Local().Format(time.RFC3339))
+	if j.NextAttemptAt != nil {
+		fmt.Fprintf(e.stdout, "next try:  %s\n", j.NextAttemptAt.Local().Format(time.RFC3339))
+	}
+	if j.Failure != nil {
+		fmt.Fprintf(e.stdout, "failure:   %s (%s): %s\n", j.Failure.Class, j.Failure.Code, j.Failure.Message)
+	}
+	if s.Result != nil {
+		printResult(e.stdout, s.Result)
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

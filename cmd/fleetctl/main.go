@@ -1,0 +1,209 @@
+// Command fleetctl submits jobs to a fleet, follows them and cancels them.
+//
+//	fleetctl submit -f job.json [--wait] [-o json]
+//	fleetctl status ID | watch ID | cancel ID
+//
+// Exit codes, for scripts: 0 success; 1 the job ended without succeeding
+// (failed, timed out, cancelled); 2 bad usage or a rejected request; 3 no
+// such job; 4 the fleet could not be reached or answered with an error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/cli"
+	"github.com/fleet-dev/fleet/internal/queue"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitJobFail  = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitFleet    = 4
+)
+
+// exitError carries an exit code up to main.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func exit(code int, format string, args ...any) error {
+	return &exitError{code: code, err: fmt.Errorf(format, args...)}
+}
+
+type command struct {
+	name, args, help string
+	run              func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
+	flags            func(fs *flag.FlagSet)
+}
+
+var commands []*command
+
+func main() {
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	os.Exit(code)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	var cmd *command
+	for _, c := range commands {
+		if c.name == args[0] {
+			cmd = c
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "fleetctl: unknown command %q\n", args[0])
+		usage(stderr)
+		return exitUsage
+	}
+	e := &env{stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet("fleetctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	e.nats.Register(fs)
+	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
+	fs.StringVar(&e.output, "o", "text", "output format: text or json")
+	fs.StringVar(&e.httpAddr, "http-addr", "127.0.0.1:8080", "the dispatcher's HTTP API (capacity and workers)")
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	fs.Usage = cli.Usage(fs, fmt.Sprintf("usage: fleetctl %s %s\n\n%s", cmd.name, cmd.args, cmd.help))
+	if err := cli.Parse(fs, interleave(fs, args[1:])); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if e.output != "text" && e.output != "json" {
+		fmt.Fprintf(stderr, "fleetctl: -o %q: use text or json\n", e.output)
+		return exitUsage
+	}
+	ctx, _, stop := cli.SignalContext()
+	defer stop()
+	defer e.close()
+	err := cmd.run(ctx, e, fs, fs.Args())
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil && ee.err.Error() != "" {
+			fmt.Fprintln(stderr, "fleetctl:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "fleetctl:", err)
+	if errors.Is(err, client.ErrNotFound) {
+		return exitNotFound
+	}
+	return exitFleet
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: fleetctl COMMAND [flags] [args]\n\nCommands:")
+	sorted := append([]*command(nil), commands...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].name < sorted[j].name })
+	for _, c := range sorted {
+		fmt.Fprintf(w, "  %-9s %-22s %s\n", c.name, c.args, firstLine(c.help))
+	}
+	fmt.Fprintln(w, "\nRun 'fleetctl COMMAND -h' for a command's flags. Every flag also reads FLEET_<FLAG>.")
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// interleave lets flags follow positional arguments ("status ID -o json"),
+// as users type them.
+func interleave(fs *flag.FlagSet, args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) > 1 && a[0] == '-' && a != "-" {
+			flags = append(flags, a)
+			name := strings.TrimLeft(a, "-")
+			if strings.Contains(name, "=") {
+				continue
+			}
+			if f := fs.Lookup(name); f != nil {
+				if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+					continue
+				}
+				if i+1 < len(args) {
+					flags = append(flags, args[i+1])
+					i++
+				}
+			}
+			continue
+		}
+		pos = append(pos, a)
+	}
+	return append(flags, pos...)
+}
+
+// env is what every command may use.
+type env struct {
+	stdout, stderr io.Writer
+	nats           cli.NATSFlags
+	prefix         string
+	output         string
+	httpAddr       string
+
+	nc *nats.Conn
+	c  *client.Client
+}
+
+func (e *env) json() bool { return e.output == "json" }
+
+// client connects on first use.
+func (e *env) client(ctx context.Context) (*client.Client, error) {
+	if e.c != nil {
+		return e.c, nil
+	}
+	cc, err := e.nats.Config("fleetctl", nil)
+	if err != nil {
+		return nil, exit(exitUsage, "%v", err)
+	}
+	cc.ConnectTimeout = 5 * time.Second
+	nc, err := queue.Connect(ctx, cc)
+	if err != nil {
+		return nil, exit(exitFleet, "%v", err)
+	}
+	e.nc = nc
+	e.c, err = client.New(nc, client.WithPrefix(e.prefix))
+	return e.c, err
+}
+
+func (e *env) close() {
+	if e.nc != nil {
+		e.nc.Close()
+	}
+}

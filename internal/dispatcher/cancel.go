@@ -1,0 +1,162 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// CancelReply says what a cancel did.
+type CancelReply struct {
+	JobID string    `json:"job_id"`
+	State job.State `json:"state"`
+	// Cancelled is true when this call cancelled the job or asked its
+	// worker to stop it; false when there was nothing to cancel.
+	Cancelled bool   `json:"cancelled"`
+	Message   string `json:"message"`
+}
+
+// Cancel stops a job in whatever state it is. A queued job, or one waiting
+// for its next attempt, is finished here with a cancelled result and is
+// never started; a running job's worker is told to stop it. Cancelling a
+// finished job, or twice, changes nothing and says so.
+func (d *Dispatcher) Cancel(ctx context.Context, id string) (*CancelReply, error) {
+	if !job.ValidID(id) {
+		return nil, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id)
+	}
+	for {
+		rec, rev, err := d.store.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		r := &CancelReply{JobID: id, State: rec.State}
+		switch {
+		case rec.State.Final() || rec.State == job.StateRejected:
+			r.Message = fmt.Sprintf("nothing to cancel: the job already ended (%s)", rec.State)
+			return r, nil
+		case rec.CancelRequested:
+			r.Message = "a cancel is already in progress"
+			return r, nil
+		}
+
+		rec.CancelRequested, rec.UpdatedAt = true, now()
+		running := rec.State == job.StateRunning
+		if !running {
+			if err := d.finishCancelled(ctx, rec); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := d.store.Update(ctx, rec, rev); errors.Is(err, queue.ErrConflict) {
+			continue // a worker moved it meanwhile: look again
+		} else if err != nil {
+			return nil, err
+		}
+		// Tell any worker holding it, including one that took it from the
+		// queue a moment ago.
+		notice := nats.NewMsg(d.names.Cancel(id))
+		notice.Header.Set(queue.HeaderCancelNotice, "dispatcher")
+		if err := d.nc.PublishMsg(notice); err != nil {
+			return nil, fmt.Errorf("publish cancel: %w", err)
+		}
+		r.Cancelled, r.State = true, rec.State
+		if running {
+			r.Message = fmt.Sprintf("worker %s was told to stop attempt %d", rec.WorkerID, rec.Attempt)
+		} else {
+			r.Message = "cancelled before it ran"
+		}
+		d.log.Info("job cancelled", "job_id", id, "state", rec.State)
+		return r, nil
+	}
+}
+
+// finishCancelled publishes the cancelled result and event of a job that
+// is not running, and marks rec final.
+func (d *Dispatcher) finishCancelled(ctx context.Context, rec *job.Record) error {
+	t := now()
+	f := job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled while %s", rec.State)
+	res := &job.Result{JobID: rec.ID, Pool: rec.Pool, Status: job.StatusCancelled, Attempts: rec.Attempt,
+		FinishedAt: t, Failure: f, TraceID: rec.TraceID, RunID: rec.RunID, NodeID: rec.NodeID, History: rec.History}
+	m, err := d.names.ResultMsg(res)
+	if err != nil {
+		return err
+	}
+	if _, err := d.js.PublishMsg(ctx, m); err != nil && !queue.IsResultExists(err) {
+		return fmt.Errorf("publish result: %w", err)
+	}
+	fut, err := d.publishEvent(&job.Event{JobID: rec.ID, Attempt: rec.Attempt, Type: job.EventCancelled, Time: t,
+		Pool: rec.Pool, Failure: f, Message: f.Message, TraceID: rec.TraceID})
+	if err != nil {
+		return err
+	}
+	if err := waitFuture(ctx, fut); err != nil {
+		return err
+	}
+	rec.State, rec.Failure, rec.FinishedAt, rec.NextAttemptAt = job.StateCancelled, f, &t, nil
+	return nil
+}
+
+// Status is a job's record and, once it has one, its result.
+type Status struct {
+	Job    *job.Record `json:"job"`
+	Result *job.Result `json:"result,omitempty"`
+}
+
+// Status returns what the fleet knows of a job.
+func (d *Dispatcher) Status(ctx context.Context, id string) (*Status, error) {
+	if !job.ValidID(id) {
+		return nil, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id)
+	}
+	rec, _, err := d.store.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s := &Status{Job: rec}
+	if rec.State.Final() {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		res, err := queue.LastResult(ctx, d.js, d.names, id)
+		if err != nil {
+			return nil, err
+		}
+		s.Result = res
+	}
+	return s, nil
+}
+
+// onCancel serves cancel requests sent on <prefix>.cancel.<id>. Workers hear
+// the same message and stop a running attempt at once; the dispatcher
+// records the cancel and finishes a job that is not running. Its own
+// notices to workers carry a header and are ignored here.
+func (d *Dispatcher) onCancel(m *nats.Msg) {
+	if m.Header.Get(queue.HeaderCancelNotice) != "" {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := d.Cancel(ctx, d.names.JobID(m.Subject))
+		if m.Reply == "" {
+			return
+		}
+		var data []byte
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			data, _ = json.Marshal(map[string]any{"error": err.Error(), "not_found": true})
+		case err != nil:
+			d.log.Warn("cancel failed", "subject", m.Subject, "err", err)
+			data, _ = json.Marshal(map[string]any{"error": "cancel failed; try again"})
+		default:
+			data, _ = json.Marshal(r)
+		}
+		_ = m.Respond(data)
+	}()
+}

@@ -1,0 +1,115 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// API serves the dispatcher's HTTP API:
+//
+//	POST /v1/jobs               submit a request (the body is the request)
+//	GET  /v1/jobs/{id}          a job's state and, once it has one, its result
+//	POST /v1/jobs/{id}/cancel   cancel a job
+//	GET  /healthz               the process is up
+//	GET  /readyz                the dispatcher can take submissions
+//
+// Other routes (capacity, metrics) are added with Handle.
+type API struct {
+	d   *Dispatcher
+	mux *http.ServeMux
+}
+
+// NewAPI returns the API of d.
+func NewAPI(d *Dispatcher) *API {
+	a := &API{d: d, mux: http.NewServeMux()}
+	a.mux.HandleFunc("POST /v1/jobs", a.submit)
+	a.mux.HandleFunc("GET /v1/jobs/{id}", a.status)
+	a.mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.cancel)
+	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	a.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.Ready(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	return a
+}
+
+// Handle adds a route.
+func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+func (a *API) submit(w http.ResponseWriter, r *http.Request) {
+	limit := a.d.cfg.Limits.MaxRequestBytes
+	if limit <= 0 {
+		limit = job.DefaultLimits.MaxRequestBytes
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(limit)))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeJSON(w, http.StatusRequestEntityTooLarge, &Reply{Error: fmt.Sprintf("request is over the limit of %d bytes", limit)})
+		return
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, &Reply{Error: "reading request: " + err.Error()})
+		return
+	}
+	reply, err := a.d.Submit(r.Context(), body)
+	switch {
+	case err != nil:
+		a.d.log.Warn("submission failed", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, &Reply{Error: "the fleet cannot take the request now; try again"})
+	case reply.Rejected():
+		writeJSON(w, http.StatusBadRequest, reply)
+	case reply.Duplicate:
+		writeJSON(w, http.StatusOK, reply)
+	default:
+		writeJSON(w, http.StatusAccepted, reply)
+	}
+}
+
+func (a *API) status(w http.ResponseWriter, r *http.Request) {
+	s, err := a.d.Status(r.Context(), r.PathValue("id"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
+func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
+	c, err := a.d.Cancel(r.Context(), r.PathValue("id"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
+func (a *API) fail(w http.ResponseWriter, err error) {
+	if errors.Is(err, queue.ErrNotFound) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+		return
+	}
+	a.d.log.Warn("request failed", "err", err)
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the fleet cannot answer now; try again"})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

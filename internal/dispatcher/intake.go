@@ -1,0 +1,160 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+)
+
+// intakeOne processes one message of the submit stream. The message is
+// acknowledged once its job is safely published (or it is rejected); if the
+// fleet cannot decide now, it is redelivered.
+func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
+	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(msg.Headers()))
+	reply, err := d.Submit(pctx, msg.Data())
+	if err != nil {
+		d.log.Warn("submission not processed; it will be redelivered", "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if meta, err := msg.Metadata(); err == nil {
+		reply.Stream, reply.Seq = meta.Stream, meta.Sequence.Stream
+	}
+	if err := msg.Ack(); err != nil {
+		d.log.Warn("ack submission", "err", err)
+	}
+	d.replies.answer(replyKey(msg.Data(), msg.Headers()), reply)
+}
+
+// replies pairs requests with their answers.
+//
+// JetStream keeps no reply subject with a stored message, and the submit
+// stream must capture every submission, with or without a reply subject,
+// so that none is lost while no dispatcher runs. So every dispatcher also
+// subscribes to the submit subject and notes the reply subject of each
+// request it sees; the dispatcher that processes the stored copy answers
+// that reply subject. The two copies are matched by their content and
+// message id, oldest first; whichever arrives second completes the pair.
+// Identical requests without ids are distinct jobs: each gets its own
+// answer. Unmatched entries expire.
+type replies struct {
+	nc      *nats.Conn
+	mu      sync.Mutex
+	waiting map[[32]byte][]pending // requests not answered yet
+	early   map[[32]byte][]pending // answers whose request was not seen yet
+}
+
+type pending struct {
+	at   time.Time
+	subj string // the reply subject, for waiting
+	data []byte // the answer, for early
+}
+
+// How long unmatched entries live. A request's copy and its stored copy
+// reach a dispatcher within milliseconds; a request is answered while its
+// stored copy waits in the stream for up to waitingTTL.
+const (
+	waitingTTL = 30 * time.Second
+	earlyTTL   = 5 * time.Second
+)
+
+func newReplies(nc *nats.Conn) *replies {
+	return &replies{nc: nc, waiting: map[[32]byte][]pending{}, early: map[[32]byte][]pending{}}
+}
+
+func replyKey(data []byte, h nats.Header) [32]byte {
+	s := sha256.New()
+	s.Write(data)
+	s.Write([]byte{0})
+	s.Write([]byte(h.Get(nats.MsgIdHdr)))
+	var k [32]byte
+	s.Sum(k[:0])
+	return k
+}
+
+// onRequest sees the core copy of a submission.
+func (r *replies) onRequest(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	k := replyKey(m.Data, m.Header)
+	r.mu.Lock()
+	if q := r.early[k]; len(q) > 0 {
+		ans := q[0]
+		r.early[k] = pop(q)
+		if len(r.early[k]) == 0 {
+			delete(r.early, k)
+		}
+		r.mu.Unlock()
+		_ = r.nc.Publish(m.Reply, ans.data)
+		return
+	}
+	r.waiting[k] = append(r.waiting[k], pending{at: time.Now(), subj: m.Reply})
+	r.mu.Unlock()
+}
+
+// answer sends the answer for a processed stored copy.
+func (r *replies) answer(k [32]byte, reply *Reply) {
+	data, err := json.Marshal(reply)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	if q := r.waiting[k]; len(q) > 0 {
+		w := q[0]
+		r.waiting[k] = pop(q)
+		if len(r.waiting[k]) == 0 {
+			delete(r.waiting, k)
+		}
+		r.mu.Unlock()
+		_ = r.nc.Publish(w.subj, data)
+		return
+	}
+	r.early[k] = append(r.early[k], pending{at: time.Now(), data: data})
+	r.mu.Unlock()
+}
+
+func pop(q []pending) []pending {
+	copy(q, q[1:])
+	return q[:len(q)-1]
+}
+
+// sweep drops expired entries until ctx ends.
+func (r *replies) sweep(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.mu.Lock()
+			expire(r.waiting, now.Add(-waitingTTL))
+			expire(r.early, now.Add(-earlyTTL))
+			r.mu.Unlock()
+		}
+	}
+}
+
+func expire(m map[[32]byte][]pending, before time.Time) {
+	for k, q := range m {
+		i := 0
+		for i < len(q) && q[i].at.Before(before) {
+			i++
+		}
+		switch {
+		case i == len(q):
+			delete(m, k)
+		case i > 0:
+			m[k] = q[i:]
+		}
+	}
+}

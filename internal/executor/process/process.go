@@ -1,0 +1,276 @@
+// Package process runs each attempt as a local process: the simplest
+// executor, for trusted jobs on the worker's own host, for development and
+// for measuring the fleet itself.
+//
+// The process gets a fresh workspace (inputs read-only, outputs, work)
+// whose paths it finds in FLEET_INPUTS, FLEET_OUTPUTS and FLEET_WORK; it
+// runs in its own process group with only the request's environment and a
+// PATH, never the worker's own variables. A timeout or a cancel sends
+// SIGTERM to the whole group, then SIGKILL after the grace period; when the
+// process ends, whatever it left in its group is killed too.
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/workspace"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Config configures the executor.
+type Config struct {
+	// Dir holds the attempts' workspaces. Defaults to a folder in the
+	// system's temporary directory.
+	Dir string
+	// Grace is how long a process has to exit after SIGTERM before it is
+	// killed. Defaults to 10 seconds.
+	Grace time.Duration
+	// KeepFailed keeps the workspace of attempts that did not succeed.
+	KeepFailed bool
+	// Outputs bounds what is read back from the outputs folder.
+	Outputs workspace.Limits
+	// TailBytes is how much of stdout and stderr a result keeps.
+	TailBytes int
+}
+
+// Executor runs attempts as processes.
+type Executor struct {
+	cfg  Config
+	path string
+}
+
+var _ worker.Executor = (*Executor)(nil)
+var _ worker.Validator = (*Executor)(nil)
+
+// New returns an Executor.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Dir == "" {
+		cfg.Dir = filepath.Join(os.TempDir(), "fleet-attempts")
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("attempts folder: %w", err)
+	}
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/bin:/usr/bin:/bin"
+	}
+	return &Executor{cfg: cfg, path: path}, nil
+}
+
+// Validate refuses requests a process cannot run.
+func (e *Executor) Validate(r *job.Request) error {
+	if len(r.Command) == 0 {
+		return errors.New("a command is required")
+	}
+	if filepath.IsAbs(r.Workdir) {
+		return fmt.Errorf("workdir %q must be relative to the attempt's work folder", r.Workdir)
+	}
+	if r.Resources != nil && r.Resources.GPU > 0 {
+		return errors.New("GPUs are not available to process jobs")
+	}
+	return nil
+}
+
+// Run runs one attempt.
+func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome, err error) {
+	req := t.Request
+	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, req.Inputs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if out != nil && out.Status != job.StatusSucceeded && e.cfg.KeepFailed {
+			return
+		}
+		_ = dir.Remove()
+	}()
+
+	cmd := exec.Command(req.Command[0], req.Command[1:]...)
+	cmd.Dir = filepath.Join(dir.Work, filepath.FromSlash(req.Workdir))
+	if err := os.MkdirAll(cmd.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("workdir: %w", err)
+	}
+	cmd.Env = e.environ(t, dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout := worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)
+	stderr := worker.NewOutput("stderr", t.Report, e.cfg.TailBytes)
+	copied, err := pipeOutput(cmd, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+
+	started := time.Now()
+	if err := cmd.Start(); err != nil {
+		copied.abort()
+		return &worker.Outcome{Status: job.StatusFailed, StartedAt: started, FinishedAt: time.Now(),
+			Failure: job.Failf(job.ClassExecution, "start_failed", "cannot start %s: %v", req.Command[0], unwrapExec(err))}, nil
+	}
+	copied.started()
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	timer := time.NewTimer(req.Timeout.Std())
+	defer timer.Stop()
+	var stopped *job.Failure // why the worker stopped the process, if it did
+	var waitErr error
+	select {
+	case waitErr = <-exited:
+	case <-timer.C:
+		how := e.terminate(pgid, exited, &waitErr)
+		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimout, "ran longer than its timeout of %s; %s", req.Timeout, how)
+	case <-ctx.Done():
+		how := e.terminate(pgid, exited, &waitErr)
+		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)
+	}
+	// Leave nothing behind: children that outlived the process go too.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	copied.wait()
+	finished := time.Now()
+
+	out = &worker.Outcome{StartedAt: started, FinishedAt: finished, Stdout: stdout.Tail(), Stderr: stderr.Tail()}
+	code, signaled := exitCode(cmd.ProcessState, waitErr)
+	out.ExitCode = &code
+	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	out.Outputs = outputs
+	switch {
+	case stopped != nil && stopped.Class == job.ClassTimeout:
+		out.Status, out.Failure = job.StatusTimedOut, stopped
+	case stopped != nil:
+		out.Status, out.Failure = job.StatusCancelled, stopped
+	case code != 0:
+		msg := fmt.Sprintf("exited with code %d", code)
+		if signaled != "" {
+			msg = "killed by " + signaled
+		}
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassExecution, job.CodeExitCode, "%s", msg)
+	case ofail != nil:
+		out.Status, out.Failure = job.StatusFailed, ofail
+	default:
+		out.Status = job.StatusSucceeded
+	}
+	return out, nil
+}
+
+// terminate stops the process group: SIGTERM, then SIGKILL after the grace
+// period. It returns how the process ended.
+func (e *Executor) terminate(pgid int, exited <-chan error, waitErr *error) string {
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	grace := time.NewTimer(e.cfg.Grace)
+	defer grace.Stop()
+	select {
+	case *waitErr = <-exited:
+		return "stopped with SIGTERM"
+	case <-grace.C:
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		*waitErr = <-exited
+		return fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
+	}
+}
+
+// environ is the process's whole environment: a PATH, the workspace, and
+// the request's own variables. Nothing of the worker's environment (its
+// credentials among them) reaches the job.
+func (e *Executor) environ(t *worker.Task, dir *workspace.Dir) []string {
+	env := []string{
+		"PATH=" + e.path,
+		"HOME=" + dir.Work,
+		"TMPDIR=" + dir.Work,
+		"FLEET_INPUTS=" + dir.Inputs,
+		"FLEET_OUTPUTS=" + dir.Outputs,
+		"FLEET_WORK=" + dir.Work,
+		"FLEET_JOB_ID=" + t.JobID,
+		"FLEET_ATTEMPT=" + strconv.Itoa(t.Attempt),
+		"FLEET_POOL=" + t.Pool,
+	}
+	for k, v := range t.Request.Env {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+func exitCode(ps *os.ProcessState, err error) (code int, signal string) {
+	if ps == nil {
+		return -1, ""
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), ws.Signal().String()
+	}
+	return ps.ExitCode(), ""
+}
+
+func unwrapExec(err error) error {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return ee.Err
+	}
+	return err
+}
+
+// output copies the process's stdout and stderr through pipes the worker
+// owns: exec.Cmd.Wait would otherwise wait for every process still holding
+// them, and a child left in the background would hang the attempt.
+type output struct {
+	wg      sync.WaitGroup
+	readers []*os.File
+	writers []*os.File
+}
+
+func pipeOutput(cmd *exec.Cmd, stdout, stderr *worker.Output) (*output, error) {
+	o := &output{}
+	for _, dst := range []*worker.Output{stdout, stderr} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			o.abort()
+			return nil, fmt.Errorf("pipe: %w", err)
+		}
+		o.readers = append(o.readers, r)
+		o.writers = append(o.writers, w)
+		o.wg.Add(1)
+		go func(r *os.File, dst *worker.Output) {
+			defer o.wg.Done()
+			_, _ = io.Copy(dst, r)
+			_ = dst.Close()
+		}(r, dst)
+	}
+	cmd.Stdout, cmd.Stderr = o.writers[0], o.writers[1]
+	return o, nil
+}
+
+// started closes the worker's copies of the write ends: the process has
+// its own.
+func (o *output) started() {
+	for _, w := range o.writers {
+		_ = w.Close()
+	}
+}
+
+// wait waits until the output is read to its end, which comes when every
+// process holding the write ends is gone.
+func (o *output) wait() {
+	o.wg.Wait()
+	for _, r := range o.readers {
+		_ = r.Close()
+	}
+}
+
+func (o *output) abort() {
+	for _, w := range o.writers {
+		_ = w.Close()
+	}
+	o.wait()
+}

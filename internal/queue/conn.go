@@ -1,0 +1,134 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ConnConfig says how to reach and authenticate to NATS. Secrets come from
+// files or the environment, never from the command line, and are never
+// logged.
+type ConnConfig struct {
+	URL  string // Defaults to nats://127.0.0.1:4222.
+	Name string // Connection name shown by the server.
+	// CredsFile is a NATS credentials file (JWT and NKey seed).
+	CredsFile string
+	// NKeyFile is a file holding an NKey seed.
+	NKeyFile string
+	// User and Password authenticate with a user name and password.
+	User, Password string
+	// Token authenticates with a token.
+	Token string
+	// TLS: a CA bundle to trust, and a client certificate and key for mTLS.
+	TLSCA, TLSCert, TLSKey string
+	// ConnectTimeout bounds the first connection. Defaults to 10 seconds;
+	// afterwards the client reconnects for ever.
+	ConnectTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// Connect dials NATS. It keeps trying until the first connection succeeds
+// or ctx ends, so that processes may start in any order.
+func Connect(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
+	if c.URL == "" {
+		c.URL = nats.DefaultURL
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	opts := []nats.Option{
+		nats.Name(c.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(64 << 20),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("disconnected from NATS", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
+			subj := ""
+			if s != nil {
+				subj = s.Subject
+			}
+			log.Warn("NATS error", "subject", subj, "err", err)
+		}),
+	}
+	switch {
+	case c.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	case c.NKeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(c.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("read nkey seed %s: %w", c.NKeyFile, err)
+		}
+		opts = append(opts, o)
+	}
+	if c.User != "" {
+		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	}
+	if c.Token != "" {
+		opts = append(opts, nats.Token(c.Token))
+	}
+	if c.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.TLSCA))
+	}
+	if c.TLSCert != "" || c.TLSKey != "" {
+		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
+	}
+	timeout := c.ConnectTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		nc, err := nats.Connect(c.URL, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		// Authentication and TLS problems will not go away by waiting.
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+			strings.Contains(err.Error(), "tls") || strings.Contains(err.Error(), "x509") ||
+			time.Now().After(deadline) {
+			return nil, fmt.Errorf("connect to NATS at %s: %w", redact(c.URL), err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to NATS at %s: %w", redact(c.URL), ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// redact removes credentials from a URL before it is logged.
+func redact(u string) string {
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return u
+	}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		return scheme + "://[redacted]@" + rest[at+1:]
+	}
+	return u
+}
+
+// FileSecret reads a secret from a file, trimming a final newline, so that
+// tokens and passwords can come from mounted secrets.
+func FileSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read secret: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}

@@ -1,0 +1,93 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// An Executor runs one attempt of a job on its platform: a process, a Docker
+// container, a Kubernetes Job.
+//
+// Run returns when the attempt has ended and nothing it started is left
+// running. The Outcome says how the attempt ended: succeeded, failed (with
+// the exit code), timed_out (the executor enforces Task.Request.Timeout) or
+// cancelled (ctx ended; context.Cause tells why). An error means the
+// executor could not run or follow the attempt; a *job.Failure error
+// carries its class (an image that cannot be pulled is ClassImage), any
+// other error counts as ClassInfrastructure.
+type Executor interface {
+	Run(ctx context.Context, t *Task) (*Outcome, error)
+}
+
+// Validator is implemented by executors with requirements of their own (an
+// image, a command). The worker refuses, as ClassRejected, a request that an
+// executor says it can never run.
+type Validator interface {
+	Validate(r *job.Request) error
+}
+
+// Task is one attempt handed to an executor.
+type Task struct {
+	JobID    string
+	Attempt  int
+	WorkerID string
+	Pool     string
+	// Request is the normalized request. Its memory may have been raised by
+	// an OOM retry.
+	Request *job.Request
+	// Report receives what the attempt says while it runs.
+	Report Reporter
+}
+
+// Reporter receives output and progress from a running attempt. Its methods
+// are safe for concurrent use and never block for long: the worker bounds
+// what it publishes.
+type Reporter interface {
+	// Log reports one line of output on "stdout" or "stderr".
+	Log(stream, line string)
+	// Phase reports a change of the backend's own state, such as a pod
+	// moving from Pending to Running.
+	Phase(phase, message string)
+}
+
+// Outcome is how an attempt ended.
+type Outcome struct {
+	Status   job.Status
+	ExitCode *int
+	// Failure is nil when the attempt succeeded.
+	Failure *job.Failure
+	// Outputs holds the declared outputs that were found, by name.
+	Outputs map[string]string
+	// Stdout and Stderr are the tails of the attempt's output.
+	Stdout, Stderr        string
+	StartedAt, FinishedAt time.Time
+}
+
+// Causes of a cancelled attempt context.
+var (
+	// ErrCancelled: a user cancelled the job.
+	ErrCancelled = errors.New("job cancelled")
+	// ErrHandBack: the worker is shutting down and gives the job back.
+	ErrHandBack = errors.New("worker draining: job handed back")
+)
+
+// Succeeded builds the Outcome of a successful attempt.
+func Succeeded(started time.Time, outputs map[string]string) *Outcome {
+	zero := 0
+	return &Outcome{Status: job.StatusSucceeded, ExitCode: &zero, Outputs: outputs, StartedAt: started, FinishedAt: time.Now()}
+}
+
+// CancelledOutcome builds the Outcome of an attempt stopped because ctx ended.
+func CancelledOutcome(ctx context.Context, started time.Time) *Outcome {
+	msg := "cancelled"
+	if c := context.Cause(ctx); c != nil {
+		msg = c.Error()
+	}
+	return &Outcome{
+		Status: job.StatusCancelled, StartedAt: started, FinishedAt: time.Now(),
+		Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "%s", msg),
+	}
+}

@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"context"
+	"sync"
+)
+
+// slots counts the attempts a worker may run at once. The pull loop asks
+// JetStream for exactly as many messages as there are free slots, so the
+// worker never holds a message it cannot start.
+type slots struct {
+	mu    sync.Mutex
+	total int
+	free  int
+	// wake is closed and replaced whenever slots are released.
+	wake chan struct{}
+}
+
+func newSlots(n int) *slots {
+	return &slots{total: n, free: n, wake: make(chan struct{})}
+}
+
+// acquireAll waits until at least one slot is free, then takes every free
+// slot, at most max, and returns how many it took.
+func (s *slots) acquireAll(ctx context.Context, max int) (int, error) {
+	for {
+		s.mu.Lock()
+		if s.free > 0 {
+			n := min(s.free, max)
+			s.free -= n
+			s.mu.Unlock()
+			return n, nil
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (s *slots) release(n int) {
+	if n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	s.free += n
+	close(s.wake)
+	s.wake = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *slots) used() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total - s.free
+}
+
+// tryAcquire takes up to max free slots without waiting.
+func (s *slots) tryAcquire(max int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(s.free, max)
+	s.free -= n
+	return n, nil
+}

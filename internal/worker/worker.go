@@ -1,0 +1,362 @@
+// Package worker pulls jobs of one pool from JetStream and runs each attempt
+// with an Executor, publishing lifecycle events and the final result back.
+//
+// A worker holds no job state of its own beyond the attempts it is running:
+// JetStream redelivers whatever it took and did not finish, so the process
+// may be killed at any time without losing a job.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Config configures a Worker.
+type Config struct {
+	// ID names the worker in events, results and heartbeats. It should stay
+	// the same across restarts of one worker, so that it finds what its
+	// previous life left behind. Defaults to the host name.
+	ID string
+	// Pool is the pool whose jobs the worker runs. Defaults to "default".
+	Pool string
+	// Slots is how many attempts run at once. Defaults to the number of CPUs.
+	Slots int
+	// Backend names the executor in events and results ("process", ...).
+	Backend string
+	// Queue describes the streams; its AckWait is the pool consumer's.
+	Queue queue.Config
+	// Limits are the request limits, checked again when a job is decoded.
+	Limits job.Limits
+	// FetchWait is how long one pull request waits for messages.
+	// Defaults to 5 seconds.
+	FetchWait time.Duration
+	// Progress is how often a running attempt tells JetStream it is alive
+	// and publishes a heartbeat event. Defaults to a third of the ack wait.
+	Progress time.Duration
+	// MaxLogEvents bounds the log events of one attempt. Defaults to 1000.
+	MaxLogEvents int
+	// Capacity, when set, accounts slots and resources outside the worker
+	// (see package capacity). Defaults to local accounting only.
+	Capacity Capacity
+	// Retry computes the delay before the next attempt. Defaults to
+	// BackoffDelay.
+	Retry  RetryDelayFunc
+	Logger *slog.Logger
+}
+
+// Capacity reserves what an attempt needs before it runs and releases it
+// after. A reservation that fails with ErrNoCapacity hands the job back to
+// the pool for another worker.
+type Capacity interface {
+	Reserve(ctx context.Context, r Reservation) error
+	Release(ctx context.Context, r Reservation) error
+}
+
+// Reservation is what one attempt holds while it runs.
+type Reservation struct {
+	JobID       string
+	Attempt     int
+	CPUMilli    int64
+	MemoryBytes int64
+	GPUs        int
+	StartedAt   time.Time
+}
+
+// ErrNoCapacity says the worker cannot take an attempt now.
+var ErrNoCapacity = errors.New("no capacity for this attempt")
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = host
+	}
+	if c.Pool == "" {
+		c.Pool = job.DefaultPool
+	}
+	if c.Slots <= 0 {
+		c.Slots = runtime.NumCPU()
+	}
+	c.Queue = c.Queue.WithDefaults()
+	if c.FetchWait <= 0 {
+		c.FetchWait = 5 * time.Second
+	}
+	if c.Progress <= 0 {
+		c.Progress = c.Queue.AckWait / 3
+	}
+	if c.MaxLogEvents <= 0 {
+		c.MaxLogEvents = 1000
+	}
+	if c.Retry == nil {
+		c.Retry = BackoffDelay
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if !job.ValidPool(c.Pool) {
+		return fmt.Errorf("pool %q must be 1 to 64 characters of [A-Za-z0-9_-]", c.Pool)
+	}
+	if c.ID == "" || len(c.ID) > 128 {
+		return errors.New("worker id must be 1 to 128 characters")
+	}
+	if c.Progress >= c.Queue.AckWait {
+		return fmt.Errorf("progress interval %s must be shorter than the ack wait %s", c.Progress, c.Queue.AckWait)
+	}
+	return nil
+}
+
+// Worker runs the jobs of one pool.
+type Worker struct {
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	exec  Executor
+	names queue.Names
+	log   *slog.Logger
+	slots *slots
+	store *queue.Store
+	cons  jetstream.Consumer
+	cubs  *nats.Subscription
+	m     metrics
+
+	pullCtx    context.Context
+	stopPull   context.CancelFunc
+	pulling    sync.WaitGroup // the pull loop and its open fetches
+	runCtx     context.Context
+	stopRuns   context.CancelCauseFunc
+	attempts   sync.WaitGroup
+	mu         sync.Mutex
+	running    map[string]*attempt
+	drainStart time.Time
+}
+
+// New returns a Worker; Start starts it.
+func New(nc *nats.Conn, exec Executor, cfg Config) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("worker config: %w", err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	w := &Worker{
+		cfg: cfg, nc: nc, js: js, exec: exec, names: cfg.Queue.Names,
+		log:     cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
+		slots:   newSlots(cfg.Slots),
+		running: map[string]*attempt{},
+	}
+	w.m = newMetrics(telemetry.Meter(), w)
+	return w, nil
+}
+
+// ID returns the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Start binds to the pool's consumer and starts pulling. It returns once the
+// worker is pulling; ctx bounds only the setup.
+func (w *Worker) Start(ctx context.Context) error {
+	store, err := queue.NewStore(ctx, w.js, w.names)
+	if err != nil {
+		return err
+	}
+	w.store = store
+	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	w.cons = cons
+	// Every worker hears every cancel; it acts on those of jobs it runs.
+	w.cubs, err = w.nc.Subscribe(w.names.AllCancels(), w.onCancel)
+	if err != nil {
+		return fmt.Errorf("subscribe to cancels: %w", err)
+	}
+	w.runCtx, w.stopRuns = context.WithCancelCause(context.WithoutCancel(ctx))
+	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
+	w.pulling.Add(1)
+	go w.pull()
+	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
+	return nil
+}
+
+// Stop drains the worker: it stops pulling, lets running attempts finish
+// until ctx ends, then stops the rest and hands their jobs back to the pool
+// at once, without counting them as attempts. It returns when nothing runs.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	if w.drainStart.IsZero() {
+		w.drainStart = time.Now()
+	}
+	n := len(w.running)
+	w.mu.Unlock()
+	w.log.Info("draining", "running", n)
+	w.stopPull()
+	done := make(chan struct{})
+	go func() { w.attempts.Wait(); w.pulling.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		w.log.Warn("drain timeout: handing back running jobs", "running", w.Running())
+		w.stopRuns(ErrHandBack)
+		<-done
+	}
+	if w.cubs != nil {
+		_ = w.cubs.Unsubscribe()
+	}
+	w.stopRuns(ErrHandBack)
+	select {
+	case <-w.js.PublishAsyncComplete():
+	case <-time.After(5 * time.Second):
+	}
+	w.log.Info("worker stopped")
+	return nil
+}
+
+// Running returns how many attempts are running.
+func (w *Worker) Running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.running)
+}
+
+// Draining reports whether Stop has been called.
+func (w *Worker) Draining() bool { return w.pullCtx != nil && w.pullCtx.Err() != nil }
+
+// Snapshot lists the attempts running now, for heartbeats.
+func (w *Worker) Snapshot() []job.RunningAttempt {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]job.RunningAttempt, 0, len(w.running))
+	for _, a := range w.running {
+		if a.info != nil {
+			out = append(out, *a.info)
+		}
+	}
+	return out
+}
+
+// pull asks the pool's consumer for as many messages as there are free
+// slots, and starts an attempt for each message as it arrives. Several
+// fetches may be open at once; together they never ask for more messages
+// than the worker has free slots.
+func (w *Worker) pull() {
+	defer w.pulling.Done()
+	maxBatch := min(w.cfg.Slots, 256)
+	backoff := 100 * time.Millisecond
+	for {
+		n, err := w.slots.acquireAll(w.pullCtx, maxBatch)
+		if err != nil {
+			return
+		}
+		// Under load slots come back one at a time; wait a moment to ask
+		// for several in one pull request.
+		if n < maxBatch/4 {
+			time.Sleep(200 * time.Microsecond)
+			if more, _ := w.slots.tryAcquire(maxBatch - n); more > 0 {
+				n += more
+			}
+		}
+		batch, err := w.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
+		if err != nil {
+			w.slots.release(n)
+			if w.pullCtx.Err() != nil {
+				return
+			}
+			w.log.Warn("fetch failed", "err", err)
+			select {
+			case <-w.pullCtx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		w.pulling.Add(1)
+		go func() {
+			defer w.pulling.Done()
+			used := 0
+			for msg := range batch.Messages() {
+				used++
+				w.attempts.Add(1)
+				go w.handle(msg)
+			}
+			w.slots.release(n - used)
+			if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && w.pullCtx.Err() == nil {
+				w.log.Debug("fetch ended", "err", err)
+			}
+		}()
+	}
+}
+
+// onCancel stops the attempt of a job this worker runs.
+func (w *Worker) onCancel(m *nats.Msg) {
+	id := w.names.JobID(m.Subject)
+	w.mu.Lock()
+	a := w.running[id]
+	w.mu.Unlock()
+	if a != nil {
+		w.log.Info("cancelling running job", "job_id", id, "attempt", a.n)
+		a.cancel(ErrCancelled)
+	}
+}
+
+func (w *Worker) register(a *attempt) {
+	w.mu.Lock()
+	w.running[a.id] = a
+	w.mu.Unlock()
+}
+
+func (w *Worker) unregister(a *attempt) {
+	w.mu.Lock()
+	if w.running[a.id] == a {
+		delete(w.running, a.id)
+	}
+	w.mu.Unlock()
+}
+
+type metrics struct {
+	started  metric.Int64Counter
+	finished metric.Int64Counter
+	retries  metric.Int64Counter
+	duration metric.Float64Histogram
+	wait     metric.Float64Histogram
+}
+
+func newMetrics(m metric.Meter, w *Worker) metrics {
+	var x metrics
+	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
+	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
+	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
+	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),
+		metric.WithDescription("Run time of attempts"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
+	x.wait, _ = m.Float64Histogram("fleet.worker.queue.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time from submission to the start of the first attempt"),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300))
+	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
+	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), metric.WithAttributes(attrState("total"), attrPool(w.cfg.Pool)))
+		o.ObserveInt64(slotsGauge, int64(w.Running()), metric.WithAttributes(attrState("used"), attrPool(w.cfg.Pool)))
+		return nil
+	}, slotsGauge)
+	return x
+}

@@ -1,0 +1,174 @@
+// Package workspace lays out the folders of one attempt, the contract every
+// executor offers a job: inputs (read-only), outputs and work, and reads
+// the declared outputs back after the run.
+package workspace
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Where a container sees the workspace.
+const (
+	ContainerInputs  = "/fleet/inputs"
+	ContainerOutputs = "/fleet/outputs"
+	ContainerWork    = "/fleet/work"
+)
+
+// Limits bound the outputs read back into a result, which must fit in one
+// NATS message.
+type Limits struct {
+	// MaxOutputBytes bounds all outputs of one attempt together.
+	// Defaults to 512 KiB.
+	MaxOutputBytes int64
+}
+
+func (l Limits) max() int64 {
+	if l.MaxOutputBytes <= 0 {
+		return 512 << 10
+	}
+	return l.MaxOutputBytes
+}
+
+// Dir is the workspace of one attempt.
+type Dir struct {
+	Root    string
+	Inputs  string
+	Outputs string
+	Work    string
+}
+
+// Create makes a fresh workspace under base for an attempt of a job and
+// writes the inputs into it, read-only. Outputs and work are writable by
+// any user, so that a container running as another user can use them.
+func Create(base, jobID string, attempt int, inputs map[string]string) (*Dir, error) {
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	root := filepath.Join(base, jobID+"-"+strconv.Itoa(attempt)+"-"+hex.EncodeToString(rnd[:]))
+	d := &Dir{Root: root, Inputs: filepath.Join(root, "inputs"), Outputs: filepath.Join(root, "outputs"), Work: filepath.Join(root, "work")}
+	for _, p := range []string{d.Inputs, d.Outputs, d.Work} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return nil, fmt.Errorf("create workspace: %w", err)
+		}
+	}
+	for _, p := range []string{d.Outputs, d.Work} {
+		if err := os.Chmod(p, 0o777); err != nil {
+			return nil, fmt.Errorf("create workspace: %w", err)
+		}
+	}
+	for name, content := range inputs {
+		if !job.ValidFileName(name) {
+			return nil, fmt.Errorf("input name %q is not a relative file name", name)
+		}
+		p := filepath.Join(d.Inputs, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return nil, fmt.Errorf("write input %s: %w", name, err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o444); err != nil {
+			return nil, fmt.Errorf("write input %s: %w", name, err)
+		}
+	}
+	// Make the inputs read-only, folders included.
+	err := filepath.WalkDir(d.Inputs, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.IsDir() {
+			return os.Chmod(p, 0o555)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("protect inputs: %w", err)
+	}
+	return d, nil
+}
+
+// Collect reads the declared outputs. It returns those found, and a
+// failure when one is missing, is not a regular file, is not UTF-8 text,
+// or when they are too large together.
+func (d *Dir) Collect(names []string, l Limits) (map[string]string, *job.Failure) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(names))
+	var total int64
+	var missing []string
+	for _, name := range names {
+		p := filepath.Join(d.Outputs, filepath.FromSlash(name))
+		if !job.ValidFileName(name) || !inside(d.Outputs, p) {
+			return out, job.Failf(job.ClassExecution, job.CodeOutputMissing, "output %q is not a file name", name)
+		}
+		// Lstat, not Stat: a symlink could point anywhere on the host.
+		fi, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			missing = append(missing, name)
+			continue
+		}
+		if err != nil {
+			return out, job.Failf(job.ClassInfrastructure, "output_unreadable", "output %s: %v", name, err)
+		}
+		if !fi.Mode().IsRegular() {
+			return out, job.Failf(job.ClassExecution, job.CodeOutputMissing, "output %s is not a regular file", name)
+		}
+		if total+fi.Size() > l.max() {
+			return out, job.Failf(job.ClassExecution, job.CodeOutputLarge,
+				"outputs are over the limit of %d bytes (%s is %d bytes)", l.max(), name, fi.Size())
+		}
+		data, err := readAtMost(p, l.max()-total)
+		if err != nil {
+			return out, job.Failf(job.ClassExecution, job.CodeOutputLarge, "output %s: %v", name, err)
+		}
+		if !utf8.Valid(data) {
+			return out, job.Failf(job.ClassExecution, "output_not_text", "output %s is not UTF-8 text", name)
+		}
+		total += int64(len(data))
+		out[name] = string(data)
+	}
+	if len(missing) > 0 {
+		return out, job.Failf(job.ClassExecution, job.CodeOutputMissing, "declared outputs not written: %v", missing)
+	}
+	return out, nil
+}
+
+func readAtMost(p string, n int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, n+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > n {
+		return nil, fmt.Errorf("over the output limit")
+	}
+	return data, nil
+}
+
+func inside(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !filepath.IsAbs(rel) && (len(rel) < 3 || rel[:3] != "../")
+}
+
+// Remove deletes the workspace, read-only folders included.
+func (d *Dir) Remove() error {
+	_ = filepath.WalkDir(d.Root, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			_ = os.Chmod(p, 0o755)
+		}
+		return nil
+	})
+	return os.RemoveAll(d.Root)
+}

@@ -1,0 +1,49 @@
+package job_test
+
+import (
+	"time"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+var (
+	t0    = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	code3 = 3
+	delay = job.Duration(2 * time.Second)
+	total = int64(8000)
+	avail = int64(7000)
+)
+
+func sampleEvent() *job.Event {
+	return &job.Event{
+		JobID: "j1", Attempt: 1, Type: job.EventRetryScheduled, Time: t0, WorkerID: "w1", Pool: "default",
+		Backend: "process", ExitCode: &code3, Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exited with code 3"),
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Message: "m", Phase: "Running", Stream: "stderr", Line: "l",
+		NextAttemptAt: &t0, Delay: &delay,
+	}
+}
+
+func sampleResult() *job.Result {
+	return &job.Result{
+		JobID: "j1", Pool: "default", Status: job.StatusFailed, Attempts: 2, ExitCode: &code3,
+		Outputs: map[string]string{"a": "b"}, Stdout: "o", Stderr: "e", StartedAt: &t0, FinishedAt: t0,
+		WorkerID: "w1", Backend: "docker", Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exited with code 3"),
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", RunID: "r", NodeID: "n",
+		History: []job.Attempt{{Attempt: 1, WorkerID: "w0", StartedAt: &t0, FinishedAt: &t0, ExitCode: &code3,
+			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "lost")}},
+	}
+}
+
+func sampleHeartbeat() *job.Heartbeat {
+	return &job.Heartbeat{
+		WorkerID: "w1", Pool: "default", Backend: "docker", Labels: map[string]string{"a": "b"}, Version: "v",
+		ObservedAt: t0, Health: job.HealthHealthy, Reason: "r",
+		Slots:       job.Slots{Total: 2, Used: 1, Available: 1},
+		CPUMilli:    job.Amount{Total: &total, Reserved: 1000, Available: &avail},
+		MemoryBytes: job.Amount{Reserved: 5},
+		GPUs:        job.GPUs{Total: 1},
+		Running:     []job.RunningAttempt{{JobID: "j", Attempt: 1, StartedAt: t0, CPUMilli: 1000, MemoryBytes: 5, GPUs: 1}},
+		Host:        &job.Host{Hostname: "h", OS: "linux", Arch: "amd64", KernelVersion: "k", BackendVersion: "b", Cores: 2, Load1: 1, Load5: 1, Load15: 1, MemoryTotalBytes: 1, MemoryUsedBytes: 1},
+		Containers:  &job.ContainerCounts{Running: 1},
+	}
+}

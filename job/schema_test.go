@@ -1,0 +1,190 @@
+package job_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/fleet-dev/fleet/job"
+	"github.com/fleet-dev/fleet/schemas"
+)
+
+// The fixtures under schemas/testdata are checked against both the JSON
+// Schemas and the Go decoders, so that the two cannot drift apart:
+//
+//	valid/     both accept
+//	invalid/   both refuse
+//	semantic/  the schema accepts, Go refuses: the rules a schema cannot state
+//	           (sums of sizes, minimums of quantities, configurable limits)
+
+func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	entries, err := schemas.FS.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := schemas.FS.ReadFile(e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		if err := c.AddResource(schemas.BaseURL+e.Name(), doc); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+	}
+	out := map[string]*jsonschema.Schema{}
+	for doc, file := range map[string]string{
+		"request":   schemas.ExecutionRequest,
+		"event":     schemas.LifecycleEvent,
+		"result":    schemas.Result,
+		"heartbeat": schemas.CapacityHeartbeat,
+	} {
+		s, err := c.Compile(schemas.BaseURL + file)
+		if err != nil {
+			t.Fatalf("compile %s: %v", file, err)
+		}
+		out[doc] = s
+	}
+	return out
+}
+
+func schemaErr(s *jsonschema.Schema, data []byte) error {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	return s.Validate(doc)
+}
+
+// goDecode runs the Go side of the boundary for one kind of document and
+// returns the document re-encoded, so that what Go writes is checked too.
+func goDecode(kind string, data []byte) ([]byte, error) {
+	switch kind {
+	case "request":
+		r, err := job.DecodeRequest(data, job.Limits{})
+		if err != nil {
+			return nil, err
+		}
+		if err := r.Validate(job.Limits{}); err != nil {
+			return nil, err
+		}
+		r.Normalize()
+		if err := r.Validate(job.Limits{}); err != nil {
+			return nil, err
+		}
+		return json.Marshal(r)
+	case "event":
+		e, err := job.DecodeEvent(data)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(e)
+	case "result":
+		r, err := job.DecodeResult(data)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(r)
+	case "heartbeat":
+		h, err := job.DecodeHeartbeat(data)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(h)
+	}
+	panic(kind)
+}
+
+func TestFixturesAgreeWithSchemas(t *testing.T) {
+	compiled := compileSchemas(t)
+	files, err := filepath.Glob("../schemas/testdata/*/*/*.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 50 {
+		t.Fatalf("found only %d fixtures", len(files))
+	}
+	counts := map[string]int{}
+	for _, f := range files {
+		parts := strings.Split(filepath.ToSlash(f), "/")
+		kind, expect := parts[len(parts)-3], parts[len(parts)-2]
+		counts[kind+"/"+expect]++
+		t.Run(kind+"/"+expect+"/"+strings.TrimSuffix(parts[len(parts)-1], ".json"), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := compiled[kind]
+			sErr := schemaErr(s, data)
+			out, gErr := goDecode(kind, data)
+			switch expect {
+			case "valid":
+				if sErr != nil {
+					t.Errorf("schema refused a valid document: %v", sErr)
+				}
+				if gErr != nil {
+					t.Errorf("Go refused a valid document: %v", gErr)
+				}
+				if gErr == nil {
+					if err := schemaErr(s, out); err != nil {
+						t.Errorf("schema refused what Go wrote back: %v\n%s", err, out)
+					}
+				}
+			case "invalid":
+				if sErr == nil {
+					t.Error("schema accepted an invalid document")
+				}
+				if gErr == nil {
+					t.Error("Go accepted an invalid document")
+				}
+			case "semantic":
+				if sErr != nil {
+					t.Errorf("schema refused it (it belongs in invalid/): %v", sErr)
+				}
+				if gErr == nil {
+					t.Error("Go accepted a document that breaks a semantic rule")
+				}
+			default:
+				t.Fatalf("unknown fixture folder %q", expect)
+			}
+		})
+	}
+	for _, k := range []string{"request/valid", "request/invalid", "request/semantic", "event/valid", "event/invalid", "result/valid", "result/invalid", "heartbeat/valid", "heartbeat/invalid"} {
+		if counts[k] == 0 {
+			t.Errorf("no fixtures in %s", k)
+		}
+	}
+}
+
+// Documents built by Go code, with every field set, must satisfy the
+// schemas: this catches a field added to a Go type but not to its schema.
+func TestGoDocumentsMatchSchemas(t *testing.T) {
+	compiled := compileSchemas(t)
+	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"}}
+	r.Normalize()
+	for kind, doc := range map[string]any{
+		"request":   r,
+		"event":     sampleEvent(),
+		"result":    sampleResult(),
+		"heartbeat": sampleHeartbeat(),
+	} {
+		data, err := json.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schemaErr(compiled[kind], data); err != nil {
+			t.Errorf("%s: %v\n%s", kind, err, data)
+		}
+	}
+}

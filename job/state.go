@@ -1,0 +1,61 @@
+package job
+
+import "time"
+
+// State is where a job stands, as kept in the jobs key-value bucket.
+type State string
+
+// Job states. The four after retrying are final. A rejected request keeps a
+// record so that its id answers with the reason, but a later valid request
+// with the same id replaces it.
+const (
+	StateRejected  State = "rejected"
+	StateQueued    State = "queued"
+	StateRunning   State = "running"
+	StateRetrying  State = "retrying"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateTimedOut  State = "timed_out"
+	StateCancelled State = "cancelled"
+)
+
+// Final reports whether s ends the job.
+func (s State) Final() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateTimedOut, StateCancelled:
+		return true
+	}
+	return false
+}
+
+// Record is the latest state of one job, stored under its id in the
+// fleet-jobs bucket. It never holds the request's environment.
+type Record struct {
+	ID          string     `json:"id"`
+	Pool        string     `json:"pool"`
+	State       State      `json:"state"`
+	Attempt     int        `json:"attempt"`
+	MaxAttempts int        `json:"max_attempts"`
+	WorkerID    string     `json:"worker_id,omitempty"`
+	Backend     string     `json:"backend,omitempty"`
+	SubmittedAt time.Time  `json:"submitted_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+	// NextAttemptAt is set while the job waits for a retry.
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	Failure       *Failure   `json:"failure,omitempty"`
+	// CancelRequested is set by a cancel; the worker holding the job stops it.
+	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Handbacks counts deliveries a draining worker gave back unfinished;
+	// they are not attempts.
+	Handbacks int `json:"handbacks,omitempty"`
+	// MemoryOverride is the memory limit raised by an OOM retry, if any.
+	MemoryOverride string            `json:"memory_override,omitempty"`
+	TraceID        string            `json:"trace_id,omitempty"`
+	RunID          string            `json:"run_id,omitempty"`
+	NodeID         string            `json:"node_id,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	// History lists finished attempts that did not end the job.
+	History []Attempt `json:"history,omitempty"`
+}

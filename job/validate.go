@@ -1,0 +1,305 @@
+package job
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits bound what one request may ask for. A zero field takes its default.
+// The defaults are also the bounds written in the JSON Schema.
+type Limits struct {
+	MaxRequestBytes int           // Defaults to 512 KiB.
+	MaxInputBytes   int           // Sum of input contents. Defaults to 256 KiB.
+	MaxInputs       int           // Defaults to 64.
+	MaxOutputs      int           // Defaults to 64.
+	MaxEnv          int           // Defaults to 128 entries.
+	MaxEnvBytes     int           // Sum of keys and values. Defaults to 64 KiB.
+	MaxCommandArgs  int           // Defaults to 256.
+	MaxCommandBytes int           // Sum of arguments. Defaults to 64 KiB.
+	MaxLabels       int           // Defaults to 32.
+	MaxAttempts     int           // Defaults to 100.
+	MaxTimeout      time.Duration // Longest timeout, queue_timeout or deadline. Defaults to 7 days.
+	MaxGPU          int           // Defaults to 64.
+}
+
+// DefaultLimits are the limits used when none are configured.
+var DefaultLimits = Limits{}.withDefaults()
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxRequestBytes, 512<<10)
+	def(&l.MaxInputBytes, 256<<10)
+	def(&l.MaxInputs, 64)
+	def(&l.MaxOutputs, 64)
+	def(&l.MaxEnv, 128)
+	def(&l.MaxEnvBytes, 64<<10)
+	def(&l.MaxCommandArgs, 256)
+	def(&l.MaxCommandBytes, 64<<10)
+	def(&l.MaxLabels, 32)
+	def(&l.MaxAttempts, 100)
+	def(&l.MaxGPU, 64)
+	if l.MaxTimeout <= 0 {
+		l.MaxTimeout = 7 * 24 * time.Hour
+	}
+	return l
+}
+
+// ValidationError lists every problem found in a request, each prefixed by
+// the field it concerns.
+type ValidationError struct {
+	Problems []string
+}
+
+func (e *ValidationError) Error() string {
+	return "invalid request: " + joinProblems(e.Problems)
+}
+
+func joinProblems(p []string) string { return strings.Join(p, "; ") }
+
+var (
+	idRE      = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+	poolRE    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	fileRE    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$`)
+	minMemory = int64(6 << 20) // Docker refuses smaller limits.
+)
+
+// ValidID reports whether s may be used as a job id: 1 to 128 characters of
+// [A-Za-z0-9_.-], with dots only between other characters, because the id is
+// a token of NATS subjects.
+func ValidID(s string) bool { return len(s) <= 128 && idRE.MatchString(s) }
+
+// ValidPool reports whether s may name a pool.
+func ValidPool(s string) bool { return poolRE.MatchString(s) }
+
+// Validate checks every field of r against the contract and the limits. It
+// accepts a request before or after Normalize.
+func (r *Request) Validate(l Limits) error {
+	l = l.withDefaults()
+	var v validator
+
+	if r.ID != "" && !ValidID(r.ID) {
+		v.add("id", "%q must be 1 to 128 characters of [A-Za-z0-9_.-], with dots only between other characters", truncate(r.ID, 40))
+	}
+	v.text("run_id", r.RunID, 256)
+	v.text("node_id", r.NodeID, 256)
+	if r.Pool != "" && !ValidPool(r.Pool) {
+		v.add("pool", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(r.Pool, 40))
+	}
+	if utf8.RuneCountInString(r.Image) > 512 || strings.ContainsAny(r.Image, " \t\n\f\r") {
+		v.add("image", "%q is not an image reference", truncate(r.Image, 40))
+	}
+
+	// command
+	if len(r.Command) > l.MaxCommandArgs {
+		v.add("command", "has %d arguments, over the limit of %d", len(r.Command), l.MaxCommandArgs)
+	}
+	n := 0
+	for i, a := range r.Command {
+		n += len(a)
+		if strings.IndexByte(a, 0) >= 0 {
+			v.add(fmt.Sprintf("command[%d]", i), "contains a NUL byte")
+		}
+	}
+	if n > l.MaxCommandBytes {
+		v.add("command", "is %d bytes, over the limit of %d", n, l.MaxCommandBytes)
+	}
+	if len(r.Command) > 0 && r.Command[0] == "" {
+		v.add("command[0]", "must name a program")
+	}
+
+	// env: never echo values, they may be secrets.
+	if len(r.Env) > l.MaxEnv {
+		v.add("env", "has %d entries, over the limit of %d", len(r.Env), l.MaxEnv)
+	}
+	n = 0
+	for _, k := range sortedKeys(r.Env) {
+		n += len(k) + len(r.Env[k])
+		switch {
+		case !envKeyRE.MatchString(k) || len(k) > 256:
+			v.add("env", "key %q must match [A-Za-z_][A-Za-z0-9_]* (at most 256 characters)", truncate(k, 40))
+		case strings.HasPrefix(k, "FLEET_"):
+			v.add("env", "key %q is reserved: FLEET_ variables are set by the worker", k)
+		case strings.IndexByte(r.Env[k], 0) >= 0:
+			v.add("env", "value of %q contains a NUL byte", k)
+		}
+	}
+	if n > l.MaxEnvBytes {
+		v.add("env", "is %d bytes, over the limit of %d", n, l.MaxEnvBytes)
+	}
+
+	if r.Workdir != "" {
+		if utf8.RuneCountInString(r.Workdir) > 1024 || strings.IndexByte(r.Workdir, 0) >= 0 || hasDotDot(r.Workdir) {
+			v.add("workdir", "%q must be a path without \"..\" segments", truncate(r.Workdir, 40))
+		}
+	}
+
+	switch r.PullPolicy {
+	case "", PullIfNotPresent, PullAlways, PullNever:
+	default:
+		v.add("pull_policy", "%q must be one of if_not_present, always, never", truncate(string(r.PullPolicy), 40))
+	}
+
+	if res := r.Resources; res != nil {
+		if res.CPU != "" {
+			if c, err := ParseCPU(res.CPU); err != nil {
+				v.add("resources.cpu", "%v", err)
+			} else if c <= 0 {
+				v.add("resources.cpu", "must be more than zero")
+			}
+		}
+		if res.Memory != "" {
+			if m, err := ParseMemory(res.Memory); err != nil {
+				v.add("resources.memory", "%v", err)
+			} else if m < minMemory {
+				v.add("resources.memory", "%q is below the minimum of 6Mi", res.Memory)
+			}
+		}
+		if res.GPU < 0 || res.GPU > l.MaxGPU {
+			v.add("resources.gpu", "%d must be between 0 and %d", res.GPU, l.MaxGPU)
+		}
+	}
+
+	v.duration("timeout", r.Timeout, l.MaxTimeout)
+	v.duration("queue_timeout", r.QueueTimeout, l.MaxTimeout)
+	v.duration("deadline", r.Deadline, l.MaxTimeout)
+
+	if p := r.Retry; p != nil {
+		if p.MaxAttempts < 0 || p.MaxAttempts > l.MaxAttempts {
+			v.add("retry.max_attempts", "%d must be between 1 and %d", p.MaxAttempts, l.MaxAttempts)
+		}
+		v.duration("retry.initial_backoff", p.InitialBackoff, l.MaxTimeout)
+		v.duration("retry.max_backoff", p.MaxBackoff, l.MaxTimeout)
+		if p.InitialBackoff != nil && p.MaxBackoff != nil && *p.MaxBackoff < *p.InitialBackoff {
+			v.add("retry.max_backoff", "%s is shorter than initial_backoff %s", p.MaxBackoff, p.InitialBackoff)
+		}
+		if p.Multiplier != 0 && (p.Multiplier < 1 || p.Multiplier > 100) {
+			v.add("retry.multiplier", "%g must be between 1 and 100", p.Multiplier)
+		}
+		if p.Jitter != nil && (*p.Jitter < 0 || *p.Jitter > 1) {
+			v.add("retry.jitter", "%g must be between 0 and 1", *p.Jitter)
+		}
+		for _, c := range p.RetryOn {
+			if !c.Valid() {
+				v.add("retry.retry_on", "%q is not a failure class (%s)", truncate(string(c), 40), strings.Join(classNames(), ", "))
+			}
+		}
+		if len(p.RetryOn) > len(classNames()) {
+			v.add("retry.retry_on", "lists %d classes; there are only %d", len(p.RetryOn), len(classNames()))
+		}
+		if len(p.NonRetryableExitCodes) > 256 {
+			v.add("retry.non_retryable_exit_codes", "has %d codes, over the limit of 256", len(p.NonRetryableExitCodes))
+		}
+		if p.OOMMemoryMultiplier != 0 && (p.OOMMemoryMultiplier < 1 || p.OOMMemoryMultiplier > 16) {
+			v.add("retry.oom_memory_multiplier", "%g must be between 1 and 16", p.OOMMemoryMultiplier)
+		}
+		if p.MaxMemory != "" {
+			if _, err := ParseMemory(p.MaxMemory); err != nil {
+				v.add("retry.max_memory", "%v", err)
+			}
+		}
+	}
+
+	// inputs and outputs are file names under the workspace.
+	if len(r.Inputs) > l.MaxInputs {
+		v.add("inputs", "has %d files, over the limit of %d", len(r.Inputs), l.MaxInputs)
+	}
+	n = 0
+	for _, name := range sortedKeys(r.Inputs) {
+		n += len(r.Inputs[name])
+		if !ValidFileName(name) {
+			v.add("inputs", "name %q must be a relative path of [A-Za-z0-9_.-] segments", truncate(name, 40))
+		}
+	}
+	if n > l.MaxInputBytes {
+		v.add("inputs", "are %d bytes, over the limit of %d", n, l.MaxInputBytes)
+	}
+	if len(r.Outputs) > l.MaxOutputs {
+		v.add("outputs", "has %d files, over the limit of %d", len(r.Outputs), l.MaxOutputs)
+	}
+	seen := make(map[string]bool, len(r.Outputs))
+	for _, name := range r.Outputs {
+		if !ValidFileName(name) {
+			v.add("outputs", "name %q must be a relative path of [A-Za-z0-9_.-] segments", truncate(name, 40))
+		}
+		if seen[name] {
+			v.add("outputs", "%q is listed twice", truncate(name, 40))
+		}
+		seen[name] = true
+	}
+
+	if len(r.Labels) > l.MaxLabels {
+		v.add("labels", "has %d entries, over the limit of %d", len(r.Labels), l.MaxLabels)
+	}
+	for _, k := range sortedKeys(r.Labels) {
+		if err := ValidateLabel(k, r.Labels[k]); err != nil {
+			v.add("labels", "%v", err)
+		}
+	}
+
+	return v.err()
+}
+
+// ValidFileName reports whether name may name an input or output file: a
+// relative path whose segments are made of [A-Za-z0-9_.-], start with a
+// letter, digit or underscore, and are at most 255 characters in all.
+func ValidFileName(name string) bool {
+	return len(name) <= 255 && fileRE.MatchString(name)
+}
+
+func hasDotDot(p string) bool {
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+type validator struct{ problems []string }
+
+func (v *validator) add(field, format string, args ...any) {
+	v.problems = append(v.problems, field+": "+fmt.Sprintf(format, args...))
+}
+
+func (v *validator) text(field, s string, max int) {
+	if n := utf8.RuneCountInString(s); n > max {
+		v.add(field, "is %d characters, over the limit of %d", n, max)
+	}
+}
+
+func (v *validator) duration(field string, d *Duration, max time.Duration) {
+	if d == nil {
+		return
+	}
+	switch {
+	case *d <= 0:
+		v.add(field, "must be more than zero")
+	case d.Std() > max:
+		v.add(field, "%s is over the limit of %s", d, max)
+	}
+}
+
+func (v *validator) err() error {
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
