@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/fleet-dev/fleet/client"
@@ -34,14 +35,16 @@ func init() {
 			},
 		},
 		&command{
-			name: "status", args: "ID",
-			help: "Show a job's state, and its result once it has one.",
+			name: "status", args: "ID [ID...]",
+			help: "Show a job's state, and its result once it has one (several ids: a table).",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-				id, err := oneID(args)
-				if err != nil {
-					return err
+				switch len(args) {
+				case 0:
+					return exit(exitUsage, "expected a job id")
+				case 1:
+					return status(ctx, e, args[0])
 				}
-				return status(ctx, e, id)
+				return statusTable(ctx, e, args)
 			},
 		},
 		&command{
@@ -312,4 +315,55 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// statusTable shows several jobs, one line each.
+func statusTable(ctx context.Context, e *env, ids []string) error {
+	c, err := e.client(ctx)
+	if err != nil {
+		return err
+	}
+	var all []*client.Status
+	missing := 0
+	for _, id := range ids {
+		s, err := c.Status(ctx, id)
+		if errors.Is(err, client.ErrNotFound) {
+			missing++
+			s = &client.Status{Job: &job.Record{ID: id, State: "unknown"}}
+		} else if err != nil {
+			return err
+		}
+		all = append(all, s)
+	}
+	if e.json() {
+		return writeJSON(e.stdout, all)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tSTATE\tATTEMPTS\tEXIT\tRAN\tWORKER\tFAILURE")
+	for _, s := range all {
+		j, exitCode, ran, failure := s.Job, "-", "-", "-"
+		if r := s.Result; r != nil {
+			if r.ExitCode != nil {
+				exitCode = fmt.Sprint(*r.ExitCode)
+			}
+			if r.StartedAt != nil {
+				ran = r.FinishedAt.Sub(*r.StartedAt).Round(time.Millisecond).String()
+			}
+		}
+		if j.Failure != nil {
+			failure = fmt.Sprintf("%s/%s: %s", j.Failure.Class, j.Failure.Code, j.Failure.Message)
+		}
+		worker := j.WorkerID
+		if worker == "" {
+			worker = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", j.ID, j.State, j.Attempt, exitCode, ran, worker, failure)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if missing > 0 {
+		return exit(exitNotFound, "%d of %d jobs not found", missing, len(ids))
+	}
+	return nil
 }

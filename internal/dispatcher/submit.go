@@ -124,8 +124,13 @@ func (d *Dispatcher) submit(ctx context.Context, data []byte, at time.Time) (*Re
 	if err != nil {
 		return nil, errTransient{err}
 	}
-	if _, err := d.js.PublishMsg(ctx, m); err != nil {
+	ack, err := d.js.PublishMsg(ctx, m)
+	if err != nil {
 		return nil, errTransient{fmt.Errorf("publish job %s: %w", req.ID, err)}
+	}
+	if ack.Duplicate {
+		// A concurrent submission of the same id published it first.
+		return &Reply{JobID: req.ID, State: job.StateQueued, Duplicate: true}, nil
 	}
 	newRec := &job.Record{ID: req.ID, Pool: req.Pool, State: job.StateQueued, MaxAttempts: req.Retry.MaxAttempts,
 		SubmittedAt: at, UpdatedAt: at, TraceID: traceID, RunID: req.RunID, NodeID: req.NodeID, Labels: req.Labels}

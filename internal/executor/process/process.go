@@ -105,7 +105,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
 	cmd.Env = e.environ(t, dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so that a stop reaches its children; and it
+	// dies with the worker, whose successor will run the job again.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout := worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)
 	stderr := worker.NewOutput("stderr", t.Report, e.cfg.TailBytes)
 	copied, err := pipeOutput(cmd, stdout, stderr)

@@ -1,0 +1,92 @@
+// Package natstest runs a real NATS server with JetStream inside a test
+// process, on a free loopback port, storing its files in the test's
+// temporary folder.
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Server is a running test server. Restart keeps its port and its files.
+type Server struct {
+	*server.Server
+	t    testing.TB
+	opts server.Options
+}
+
+// Options tweak the server before it starts.
+type Option func(*server.Options)
+
+// Run starts a server that stops when the test ends.
+func Run(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	o := server.Options{
+		ServerName: "fleet-test",
+		Host:       "127.0.0.1",
+		Port:       freePort(t),
+		JetStream:  true,
+		StoreDir:   t.TempDir(),
+		NoLog:      true,
+		NoSigs:     true,
+		MaxPayload: 8 << 20,
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	s := &Server{t: t, opts: o}
+	s.start()
+	t.Cleanup(func() { s.Shutdown() })
+	return s
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	o := s.opts
+	ns, err := server.NewServer(&o)
+	if err != nil {
+		s.t.Fatalf("nats server: %v", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		s.t.Fatal("nats server did not start")
+	}
+	s.Server = ns
+}
+
+// URL is the client URL of the server.
+func (s *Server) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", s.opts.Port) }
+
+// Restart stops the server and starts it again with the same port and
+// files, as a crash and restart of the NATS server would.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Shutdown()
+	s.WaitForShutdown()
+	s.start()
+}
+
+// Connect returns a client connection closed when the test ends.
+func (s *Server) Connect(t testing.TB) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

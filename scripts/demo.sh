@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# make demo: a whole fleet on this machine, with nothing installed but Go.
+# Starts `dispatcher --embedded` (NATS with JetStream and a Redis-protocol
+# store inside it) and one worker, submits the jobs in examples/, shows their
+# events live, prints a summary, and stops everything it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bin=./bin
+data=$(mktemp -d "${TMPDIR:-/tmp}/fleet-demo.XXXXXX")
+# Ports away from the defaults, so the demo runs beside a real fleet.
+export FLEET_NATS_URL=nats://127.0.0.1:14222
+export FLEET_REDIS_URL=redis://127.0.0.1:16379/0
+export FLEET_HTTP_ADDR=127.0.0.1:18080
+export FLEET_DATA_DIR=$data
+
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	rm -rf "$data"
+}
+trap cleanup EXIT
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "starting the dispatcher (embedded NATS + Redis-protocol store, data in $data)"
+"$bin/dispatcher" --embedded --log-format text >"$data/dispatcher.log" 2>&1 &
+pids+=($!)
+# Ready when fleetctl can reach it and finds no such job (exit code 3).
+ready=0
+for _ in $(seq 150); do
+	code=0
+	"$bin/fleetctl" status not-a-job >/dev/null 2>&1 || code=$?
+	if [ "$code" = 3 ]; then ready=1; break; fi
+	sleep 0.1
+done
+[ "$ready" = 1 ] || { echo "the dispatcher did not start:"; cat "$data/dispatcher.log"; exit 1; }
+
+executor=process
+say "starting a worker (--executor $executor, 4 slots)"
+"$bin/worker" --executor "$executor" --pool default --slots 4 --id demo-worker --grace 1s \
+	>"$data/worker.log" 2>&1 &
+pids+=($!)
+sleep 0.5
+
+ids=()
+for f in examples/*.json; do
+	id=$(sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' "$f" | head -1)
+	ids+=("$id")
+	say "fleetctl submit -f $f --wait"
+	"$bin/fleetctl" submit -f "$f" --wait || true
+done
+
+say "summary: fleetctl status ${ids[*]}"
+"$bin/fleetctl" status "${ids[@]}"
+
+if command -v curl >/dev/null; then
+	say "the same over HTTP: curl http://$FLEET_HTTP_ADDR/v1/jobs/${ids[0]}"
+	curl -fsS "http://$FLEET_HTTP_ADDR/v1/jobs/${ids[0]}" | head -12
+	echo "  ..."
+fi
+say "stopping"
