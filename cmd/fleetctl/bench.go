@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+func init() {
+	var o benchOpts
+	commands = append(commands, &command{
+		name: "bench", args: "[--jobs N] [--rate R]",
+		help: "Push jobs through the whole fleet and measure it: submit on the subject ->\n" +
+			"dispatcher -> JetStream -> worker -> result. Prints jobs/s, submit-to-start and\n" +
+			"submit-to-result latencies, and the CPU time of the given processes per job.",
+		flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&o.jobs, "jobs", 10000, "jobs to submit")
+			fs.IntVar(&o.rate, "rate", 0, "jobs per second to offer (0: as fast as possible)")
+			fs.StringVar(&o.pool, "pool", "default", "pool of the jobs")
+			fs.StringVar(&o.command, "command", "true", "the jobs' command (ignored by a noop worker)")
+			fs.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is reported per job")
+			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
+			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
+		},
+		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+			return bench(ctx, e, o)
+		},
+	})
+}
+
+type benchOpts struct {
+	jobs, rate, window int
+	pool, command      string
+	pids               string
+	timeout            time.Duration
+}
+
+type benchReport struct {
+	Jobs          int     `json:"jobs"`
+	Rate          int     `json:"offered_rate,omitempty"`
+	Seconds       float64 `json:"seconds"`
+	JobsPerSecond float64 `json:"jobs_per_second"`
+	Failed        int     `json:"failed"`
+	Missing       int     `json:"missing"`
+	StartP50Ms    float64 `json:"submit_to_start_p50_ms"`
+	StartP99Ms    float64 `json:"submit_to_start_p99_ms"`
+	ResultP50Ms   float64 `json:"submit_to_result_p50_ms"`
+	ResultP99Ms   float64 `json:"submit_to_result_p99_ms"`
+	CPUPerJobUs   float64 `json:"cpu_per_job_us,omitempty"`
+}
+
+func bench(ctx context.Context, e *env, o benchOpts) error {
+	if _, err := e.client(ctx); err != nil {
+		return err
+	}
+	nc := e.nc
+	names := queue.Names{Prefix: e.prefix}
+	run := job.NewID()[10:18]
+	n := o.jobs
+	sent := make([]time.Time, n)
+	started := make([]time.Duration, n)
+	finished := make([]time.Duration, n)
+	var mu sync.Mutex
+	var done, failed int
+	allDone := make(chan struct{})
+	inflight := make(chan struct{}, o.window)
+
+	index := func(subject string) int {
+		id := names.JobID(subject)
+		rest, ok := strings.CutPrefix(id, "bench-"+run+"-")
+		if !ok {
+			return -1
+		}
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 0 || i >= n {
+			return -1
+		}
+		return i
+	}
+	// Core subscriptions see events and results as JetStream stores them.
+	evSub, err := nc.Subscribe(names.AllEvents(), func(m *nats.Msg) {
+		i := index(m.Subject)
+		if i < 0 || !strings.Contains(string(m.Data), `"type":"started"`) {
+			return
+		}
+		mu.Lock()
+		if started[i] == 0 {
+			started[i] = time.Since(sent[i])
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	defer evSub.Unsubscribe()
+	resSub, err := nc.Subscribe(names.AllResults(), func(m *nats.Msg) {
+		i := index(m.Subject)
+		if i < 0 {
+			return
+		}
+		ok := strings.Contains(string(m.Data), `"status":"succeeded"`)
+		mu.Lock()
+		if finished[i] == 0 {
+			finished[i] = time.Since(sent[i])
+			done++
+			if !ok {
+				failed++
+			}
+			<-inflight
+			if done == n {
+				close(allDone)
+			}
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	defer resSub.Unsubscribe()
+	for _, s := range []*nats.Subscription{evSub, resSub} {
+		_ = s.SetPendingLimits(-1, -1)
+	}
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+
+	cpu0, err := cpuTime(o.pids)
+	if err != nil {
+		return err
+	}
+	req := job.Request{Pool: o.pool, Command: strings.Fields(o.command)}
+	fmt.Fprintf(e.stderr, "bench: %d jobs on pool %s", n, o.pool)
+	if o.rate > 0 {
+		fmt.Fprintf(e.stderr, " at %d/s", o.rate)
+	}
+	fmt.Fprintln(e.stderr)
+
+	begin := time.Now()
+	for i := 0; i < n; i++ {
+		if o.rate > 0 {
+			if d := time.Until(begin.Add(time.Duration(i) * time.Second / time.Duration(o.rate))); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		select {
+		case inflight <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		req.ID = fmt.Sprintf("bench-%s-%d", run, i)
+		data, _ := json.Marshal(&req)
+		mu.Lock()
+		sent[i] = time.Now()
+		mu.Unlock()
+		if err := nc.Publish(names.Submit(), data); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+	}
+	_ = nc.Flush()
+
+	select {
+	case <-allDone:
+	case <-time.After(o.timeout):
+	case <-ctx.Done():
+	}
+	elapsed := time.Since(begin)
+	cpu1, _ := cpuTime(o.pids)
+
+	mu.Lock()
+	defer mu.Unlock()
+	r := benchReport{Jobs: n, Rate: o.rate, Seconds: elapsed.Seconds(), Failed: failed, Missing: n - done,
+		JobsPerSecond: float64(done) / elapsed.Seconds()}
+	r.StartP50Ms, r.StartP99Ms = percentiles(started)
+	r.ResultP50Ms, r.ResultP99Ms = percentiles(finished)
+	if o.pids != "" && done > 0 {
+		r.CPUPerJobUs = float64((cpu1 - cpu0).Microseconds()) / float64(done)
+	}
+	if e.json() {
+		return writeJSON(e.stdout, r)
+	}
+	fmt.Fprintf(e.stdout, "jobs:              %d finished (%d failed, %d missing) in %.2fs\n", done, failed, r.Missing, r.Seconds)
+	fmt.Fprintf(e.stdout, "throughput:        %.0f jobs/s\n", r.JobsPerSecond)
+	fmt.Fprintf(e.stdout, "submit -> start:   p50 %.2f ms   p99 %.2f ms\n", r.StartP50Ms, r.StartP99Ms)
+	fmt.Fprintf(e.stdout, "submit -> result:  p50 %.2f ms   p99 %.2f ms\n", r.ResultP50Ms, r.ResultP99Ms)
+	if r.CPUPerJobUs > 0 {
+		fmt.Fprintf(e.stdout, "fleet CPU per job: %.0f µs (pids %s)\n", r.CPUPerJobUs, o.pids)
+	}
+	if r.Missing > 0 {
+		return exit(exitJobFail, "%d jobs did not finish within %s", r.Missing, o.timeout)
+	}
+	return nil
+}
+
+func percentiles(ds []time.Duration) (p50, p99 float64) {
+	var v []time.Duration
+	for _, d := range ds {
+		if d > 0 {
+			v = append(v, d)
+		}
+	}
+	if len(v) == 0 {
+		return 0, 0
+	}
+	slices.Sort(v)
+	at := func(p float64) float64 {
+		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Microseconds()) / 1000
+	}
+	return at(0.50), at(0.99)
+}
+
+// cpuTime sums the user and system CPU time of the given processes and
+// their waited-for children, from /proc.
+func cpuTime(pids string) (time.Duration, error) {
+	var total time.Duration
+	if pids == "" {
+		return 0, nil
+	}
+	for _, p := range strings.Split(pids, ",") {
+		data, err := os.ReadFile("/proc/" + strings.TrimSpace(p) + "/stat")
+		if err != nil {
+			return 0, fmt.Errorf("--pids: %w", err)
+		}
+		// Fields after the command name, which may hold spaces.
+		s := string(data)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		// utime, stime, cutime, cstime are fields 14-17 of stat (1-based).
+		for _, f := range fields[11:15] {
+			ticks, _ := strconv.ParseInt(f, 10, 64)
+			total += time.Duration(ticks) * time.Second / 100 // USER_HZ
+		}
+	}
+	return total, nil
+}
