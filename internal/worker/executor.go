@@ -91,3 +91,32 @@ func CancelledOutcome(ctx context.Context, started time.Time) *Outcome {
 		Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "%s", msg),
 	}
 }
+
+// Recoverer is implemented by executors whose attempts can outlive the
+// worker process (containers, Kubernetes Jobs). Recover runs once when the
+// worker starts, before it pulls: it finds what an earlier process with the
+// same worker id left behind and settles it, so that nothing it owned is
+// left running or orphaned. The jobs themselves come back through
+// JetStream redelivery.
+type Recoverer interface {
+	Recover(ctx context.Context, workerID string) error
+}
+
+// CapacityReporter is implemented by executors that know what their backend
+// can hold; the worker's heartbeat reports it.
+type CapacityReporter interface {
+	Capacity(ctx context.Context) (*BackendCapacity, error)
+}
+
+// BackendCapacity is what a backend can hold. Nil totals are unknown.
+type BackendCapacity struct {
+	CPUMilli    *int64
+	MemoryBytes *int64
+	GPUs        int
+	Host        *job.Host
+	Containers  *job.ContainerCounts
+	// Health is job.HealthHealthy, HealthDegraded or HealthUnhealthy;
+	// Reason says why when it is not healthy.
+	Health string
+	Reason string
+}

@@ -179,6 +179,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.store = store
+	if r, ok := w.exec.(Recoverer); ok {
+		if err := r.Recover(ctx, w.cfg.ID); err != nil {
+			return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
+		}
+	}
 	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
 	if err != nil {
 		return err
