@@ -1,6 +1,7 @@
 package job
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -25,7 +26,9 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 // UnmarshalJSON decodes a duration string. Negative durations are refused.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
+	if len(b) >= 2 && b[0] == '"' && b[len(b)-1] == '"' && bytes.IndexByte(b, '\\') < 0 {
+		s = string(b[1 : len(b)-1]) // no escapes: no need for a decoder
+	} else if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("duration must be a string like \"30s\", got %s", truncate(string(b), 32))
 	}
 	v, err := ParseDuration(s)

@@ -32,6 +32,9 @@ var quantityScale = map[string]*big.Rat{
 
 // parseQuantity returns q multiplied by unit, rounded up to a whole number.
 func parseQuantity(q string, unit int64) (int64, error) {
+	if v, ok := parseSimpleQuantity(q, unit); ok {
+		return v, nil
+	}
 	m := quantityRE.FindStringSubmatch(q)
 	if m == nil {
 		return 0, fmt.Errorf("%q is not a quantity (examples: \"500m\", \"2\", \"256Mi\", \"1Gi\")", truncate(q, 32))
@@ -78,4 +81,33 @@ func FormatCPU(milli int64) string {
 		return fmt.Sprintf("%d", milli/1000)
 	}
 	return fmt.Sprintf("%dm", milli)
+}
+
+// integerScale holds the suffixes of whole multiples, for the fast path.
+var integerScale = map[string]int64{"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+// parseSimpleQuantity handles the common forms ("2", "500m", "256Mi")
+// with integer arithmetic; it reports false for anything else.
+func parseSimpleQuantity(q string, unit int64) (int64, bool) {
+	i := 0
+	var n int64
+	for i < len(q) && q[i] >= '0' && q[i] <= '9' {
+		n = n*10 + int64(q[i]-'0')
+		i++
+		if n > 1<<40 {
+			return 0, false
+		}
+	}
+	if i == 0 {
+		return 0, false
+	}
+	suffix := q[i:]
+	if suffix == "m" {
+		return (n*unit + 999) / 1000, true
+	}
+	scale, ok := integerScale[suffix]
+	if !ok || n > (1<<62)/scale/unit {
+		return 0, false
+	}
+	return n * scale * unit, true
 }

@@ -50,6 +50,9 @@ type Record struct {
 	// Handbacks counts deliveries a draining worker gave back unfinished;
 	// they are not attempts.
 	Handbacks int `json:"handbacks,omitempty"`
+	// SubmitSeq is the submission's sequence in the submit stream, which
+	// tells a redelivered submission from a new one with the same id.
+	SubmitSeq uint64 `json:"submit_seq,omitempty"`
 	// MemoryOverride is the memory limit raised by an OOM retry, if any.
 	MemoryOverride string            `json:"memory_override,omitempty"`
 	TraceID        string            `json:"trace_id,omitempty"`

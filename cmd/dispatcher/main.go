@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // served only with --pprof
 	"os"
 	"path/filepath"
 	"time"
@@ -46,6 +47,7 @@ type flags struct {
 	ackWait     time.Duration
 	maxRequest  int
 	memoryStore bool
+	pprof       bool
 }
 
 func run(args []string) error {
@@ -63,6 +65,7 @@ func run(args []string) error {
 	fs.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -123,6 +126,9 @@ func run(args []string) error {
 
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
+	if f.pprof {
+		api.Handle("/debug/pprof/", http.DefaultServeMux)
+	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	ln, err := net.Listen("tcp", f.httpAddr)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // served only with --pprof
 	"os"
 	"path/filepath"
 	"time"
@@ -50,6 +51,7 @@ type flags struct {
 	keepFailed   bool
 	metricsAddr  string
 	maxOutput    int64
+	pprof        bool
 }
 
 func run(args []string) error {
@@ -69,6 +71,7 @@ func run(args []string) error {
 	fs.BoolVar(&f.keepFailed, "keep-failed", false, "keep the workspace (or container) of attempts that did not succeed")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
 	fs.Int64Var(&f.maxOutput, "max-output-bytes", 512<<10, "largest total size of an attempt's declared outputs")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
 	fs.Usage = cli.Usage(fs, "usage: worker [flags]")
 	if err := cli.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -120,6 +123,9 @@ func run(args []string) error {
 	if f.metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", tel.Metrics)
+		if f.pprof {
+			mux.Handle("/debug/pprof/", http.DefaultServeMux)
+		}
 		mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 		mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
 			if !nc.IsConnected() || w.Draining() {

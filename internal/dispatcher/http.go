@@ -66,6 +66,9 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply, err := a.d.Submit(r.Context(), body)
+	if reply != nil {
+		reply.Stream, reply.Seq = "", 0 // for JetStream publishers only
+	}
 	switch {
 	case err != nil:
 		a.d.log.Warn("submission failed", "err", err)

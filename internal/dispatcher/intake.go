@@ -18,16 +18,20 @@ import (
 // acknowledged once its job is safely published (or it is rejected); if the
 // fleet cannot decide now, it is redelivered.
 func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		d.log.Warn("submission without metadata", "err", err)
+		_ = msg.Term()
+		return
+	}
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(msg.Headers()))
-	reply, err := d.Submit(pctx, msg.Data())
+	reply, err := d.process(pctx, msg.Data(), meta.Sequence.Stream)
 	if err != nil {
 		d.log.Warn("submission not processed; it will be redelivered", "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	if meta, err := msg.Metadata(); err == nil {
-		reply.Stream, reply.Seq = meta.Stream, meta.Sequence.Stream
-	}
+	reply.Stream, reply.Seq = meta.Stream, meta.Sequence.Stream
 	if err := msg.Ack(); err != nil {
 		d.log.Warn("ack submission", "err", err)
 	}

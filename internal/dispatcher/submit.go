@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,15 +45,33 @@ type errTransient struct{ err error }
 func (e errTransient) Error() string { return e.err.Error() }
 func (e errTransient) Unwrap() error { return e.err }
 
-// Submit validates a request and, if it is acceptable and new, records and
-// publishes its job. A rejection is a Reply with Error set; an error means
-// the fleet could not decide (NATS unavailable) and the caller may retry.
+// Submit sends a request through the submit stream, as any producer's
+// would go, and returns the answer of the dispatcher that processed it. A
+// rejection is a Reply with Error set; an error means the fleet could not
+// answer (NATS unavailable) and the caller may retry.
 func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
+	m := nats.NewMsg(d.names.Submit())
+	m.Data = data
+	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(m.Header))
+	resp, err := d.nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	var r Reply
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("submit: unreadable answer: %w", err)
+	}
+	return &r, nil
+}
+
+// process validates one stored submission and, if it is acceptable and new,
+// records and publishes its job. seq is its sequence in the submit stream.
+func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*Reply, error) {
 	start := now()
-	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 
-	reply, err := d.submit(ctx, data, start)
+	reply, err := d.accept(ctx, data, seq, start)
 	switch {
 	case err != nil:
 		span.RecordError(err)
@@ -67,7 +86,11 @@ func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
 	return reply, err
 }
 
-func (d *Dispatcher) submit(ctx context.Context, data []byte, at time.Time) (*Reply, error) {
+// accept turns a request into a job. The job's record is created first and
+// is the gate that runs an id once: a request whose id has a record is a
+// duplicate, unless the record is a rejection (replaced) or was created by
+// an earlier delivery of this same submission (which then finishes here).
+func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at time.Time) (*Reply, error) {
 	req, err := job.DecodeRequest(data, d.cfg.Limits)
 	if err == nil {
 		err = req.Validate(d.cfg.Limits)
@@ -91,19 +114,30 @@ func (d *Dispatcher) submit(ctx context.Context, data []byte, at time.Time) (*Re
 		}
 		warning = w
 	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("fleet.job.id", req.ID), attribute.String("fleet.pool", req.Pool))
+	traceID := telemetry.TraceID(ctx)
 
-	// A job id is run once: an existing record, other than a rejection,
-	// answers the request.
-	rec, rev, err := d.store.Get(ctx, req.ID)
-	switch {
-	case err == nil && rec.State != job.StateRejected:
-		return &Reply{JobID: req.ID, State: rec.State, Duplicate: true}, nil
-	case err != nil && !errors.Is(err, queue.ErrNotFound):
+	rec := &job.Record{ID: req.ID, Pool: req.Pool, State: job.StateQueued, MaxAttempts: req.Retry.MaxAttempts,
+		SubmittedAt: at, UpdatedAt: at, TraceID: traceID, RunID: req.RunID, NodeID: req.NodeID, Labels: req.Labels,
+		SubmitSeq: seq}
+	rev, err := d.store.Create(ctx, rec)
+	if errors.Is(err, queue.ErrExists) {
+		old, oldRev, gerr := d.store.Get(ctx, req.ID)
+		switch {
+		case gerr != nil:
+			return nil, errTransient{gerr}
+		case old.State == job.StateRejected:
+			rev, err = d.store.Update(ctx, rec, oldRev)
+		case seq != 0 && old.SubmitSeq == seq && old.State == job.StateQueued:
+			rec, rev, err = old, oldRev, nil // this submission, delivered again
+		default:
+			return &Reply{JobID: req.ID, State: old.State, Duplicate: true}, nil
+		}
+	}
+	if err != nil {
 		return nil, errTransient{err}
 	}
 
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("fleet.job.id", req.ID), attribute.String("fleet.pool", req.Pool))
-	traceID := telemetry.TraceID(ctx)
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode job: %w", err)
@@ -111,44 +145,30 @@ func (d *Dispatcher) submit(ctx context.Context, data []byte, at time.Time) (*Re
 	m := nats.NewMsg(d.names.Jobs(req.Pool))
 	m.Data = body
 	m.Header.Set(queue.HeaderMsgID, req.ID)
-	m.Header.Set(queue.HeaderSubmittedAt, at.UTC().Format(time.RFC3339Nano))
+	m.Header.Set(queue.HeaderSubmittedAt, rec.SubmittedAt.UTC().Format(time.RFC3339Nano))
+	m.Header.Set(queue.HeaderRecordRev, strconv.FormatUint(rev, 10))
 	if warning != "" {
 		m.Header.Set(queue.HeaderWarning, warning)
 	}
 	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(m.Header))
 
-	// The queued event goes out before the job, so that it comes before
-	// anything a worker says about the job.
+	// The queued event goes out before the job, on the same connection, so
+	// that it comes before anything a worker says about the job.
 	queued, err := d.publishEvent(&job.Event{JobID: req.ID, Type: job.EventQueued, Time: at, Pool: req.Pool,
 		TraceID: traceID, Message: warning})
 	if err != nil {
 		return nil, errTransient{err}
 	}
-	ack, err := d.js.PublishMsg(ctx, m)
+	published, err := d.js.PublishMsgAsync(m)
 	if err != nil {
 		return nil, errTransient{fmt.Errorf("publish job %s: %w", req.ID, err)}
 	}
-	if ack.Duplicate {
-		// A concurrent submission of the same id published it first.
-		return &Reply{JobID: req.ID, State: job.StateQueued, Duplicate: true}, nil
+	for _, f := range []jetstream.PubAckFuture{queued, published} {
+		if err := waitFuture(ctx, f); err != nil {
+			return nil, errTransient{fmt.Errorf("publish job %s: %w", req.ID, err)}
+		}
 	}
-	newRec := &job.Record{ID: req.ID, Pool: req.Pool, State: job.StateQueued, MaxAttempts: req.Retry.MaxAttempts,
-		SubmittedAt: at, UpdatedAt: at, TraceID: traceID, RunID: req.RunID, NodeID: req.NodeID, Labels: req.Labels}
-	if rec != nil {
-		_, err = d.store.Update(ctx, newRec, rev)
-	} else {
-		_, err = d.store.Create(ctx, newRec)
-	}
-	// Exists or a conflict: a worker already took the job and wrote its
-	// state, or a concurrent duplicate did; the job message is published
-	// once either way (its id de-duplicates it).
-	if err != nil && !errors.Is(err, queue.ErrExists) && !errors.Is(err, queue.ErrConflict) {
-		return nil, errTransient{err}
-	}
-	if err := waitFuture(ctx, queued); err != nil {
-		return nil, errTransient{err}
-	}
-	d.m.submitted.Add(ctx, 1, metric.WithAttributes(attribute.String("pool", req.Pool)))
+	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
 	return &Reply{JobID: req.ID, State: job.StateQueued, Warning: warning}, nil
 }
 

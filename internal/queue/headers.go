@@ -11,6 +11,10 @@ const (
 	HeaderSubmittedAt = "Fleet-Submitted-At"
 	// HeaderWarning carries an admission warning on job messages.
 	HeaderWarning = "Fleet-Warning"
+	// HeaderRecordRev carries the revision of the job's record when the job
+	// was published, so that a worker's first write is a compare-and-set
+	// against it and needs no read first.
+	HeaderRecordRev = "Fleet-Record-Rev"
 )
 
 // HeaderCarrier adapts NATS headers to OpenTelemetry's TextMapCarrier, so

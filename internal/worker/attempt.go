@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -39,6 +38,8 @@ type attempt struct {
 	cancel context.CancelCauseFunc
 
 	started  time.Time
+	first    bool   // this is the job's first attempt to start
+	traceID  string // from the job message
 	reserved *Reservation
 	// info describes the attempt while it runs; guarded by the worker's mu.
 	info *job.RunningAttempt
@@ -97,17 +98,18 @@ func (a *attempt) handle() error {
 	defer w.unregister(a)
 
 	ctx := telemetry.Propagator.Extract(context.Background(), queue.HeaderCarrier(a.msg.Headers()))
-	rec, rev, err := w.store.Get(ctx, a.id)
-	switch {
-	case errors.Is(err, queue.ErrNotFound):
-		// The dispatcher writes the record just after publishing the job.
-		rec = a.newRecord()
-	case err != nil:
+	a.traceID = telemetry.TraceID(ctx)
+	// On a first delivery the record is the one the dispatcher created, at
+	// the revision the message names: the worker's first write is a
+	// compare-and-set against it, and no read is needed. Otherwise, read it.
+	rev, _ := strconv.ParseUint(a.msg.Headers().Get(queue.HeaderRecordRev), 10, 64)
+	if meta.NumDelivered == 1 && rev > 0 {
+		a.rec, a.rev = a.newRecord(), rev
+	} else if err := a.refresh(ctx); err != nil {
 		_ = a.msg.NakWithDelay(2 * time.Second)
 		return err
 	}
-	a.rec, a.rev = rec, rev
-	a.n = max(1, int(meta.NumDelivered)-rec.Handbacks)
+	a.n = max(1, int(meta.NumDelivered)-a.rec.Handbacks)
 	a.log = a.log.With("attempt", a.n)
 
 	ctx, a.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
@@ -120,6 +122,21 @@ func (a *attempt) handle() error {
 		return err
 	}
 	return a.run(ctx)
+}
+
+// refresh reads the job's record; a job the dispatcher has not recorded
+// (only the dispatcher publishes jobs, so this is rare) gets a fresh one.
+func (a *attempt) refresh(ctx context.Context) error {
+	rec, rev, err := a.w.store.Get(ctx, a.id)
+	switch {
+	case errors.Is(err, queue.ErrNotFound):
+		a.rec, a.rev = a.newRecord(), 0
+	case err != nil:
+		return err
+	default:
+		a.rec, a.rev = rec, rev
+	}
+	return nil
 }
 
 // checkBeforeRun settles deliveries that must not run: jobs already
@@ -203,33 +220,39 @@ func (a *attempt) run(ctx context.Context) error {
 		}()
 	}
 
-	a.started = time.Now()
+	// Record the attempt as running before it starts: the compare-and-set
+	// fails if the record changed since it was read (a cancel, a deadline
+	// the dispatcher enforced), and then the checks run again.
+	for {
+		err := a.begin(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, queue.ErrConflict) {
+			_ = a.msg.NakWithDelay(2 * time.Second)
+			return err
+		}
+		if err := a.refresh(ctx); err != nil {
+			_ = a.msg.NakWithDelay(2 * time.Second)
+			return err
+		}
+		if done, err := a.checkBeforeRun(ctx); done || err != nil {
+			return err
+		}
+	}
 	info := a.running()
 	w.mu.Lock()
 	a.info = &info
 	w.mu.Unlock()
-	first := a.rec.StartedAt == nil
-	rec := a.rec
-	rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, a.n, w.cfg.ID, w.cfg.Backend
-	rec.NextAttemptAt, rec.UpdatedAt = nil, a.started
-	if first {
-		rec.StartedAt = &a.started
-	}
-	saved := make(chan error, 1)
-	go func() { saved <- a.save(ctx, nil) }()
 	a.event(job.EventStarted, nil)
-	attrs := metric.WithAttributes(attrPool(w.cfg.Pool))
-	w.m.started.Add(ctx, 1, attrs)
-	if first && !a.sub.IsZero() {
-		w.m.wait.Record(ctx, a.started.Sub(a.sub).Seconds(), attrs)
+	w.m.started.Add(ctx, 1, w.m.poolAttrs)
+	if a.first && !a.sub.IsZero() {
+		w.m.wait.Record(ctx, a.started.Sub(a.sub).Seconds(), w.m.poolAttrs)
 	}
 
 	stopProgress := a.progress()
 	out, err := w.exec.Run(a.ctx, &Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
 	stopProgress()
-	if err := <-saved; err != nil {
-		a.log.Warn("could not record the running state", "err", err)
-	}
 
 	if errors.Is(context.Cause(a.ctx), ErrHandBack) && (out == nil || out.Status != job.StatusSucceeded) {
 		return a.handBack(ctx, "worker "+w.cfg.ID+" is shutting down")
@@ -251,7 +274,7 @@ func (a *attempt) run(ctx context.Context) error {
 		out.FinishedAt = time.Now()
 	}
 	w.m.duration.Record(ctx, out.FinishedAt.Sub(out.StartedAt).Seconds(),
-		metric.WithAttributes(attrPool(w.cfg.Pool), attrStatus(string(out.Status))))
+		w.m.byStatus(out.Status))
 
 	if out.Status == job.StatusFailed || out.Status == job.StatusTimedOut {
 		if delay, memory, ok := a.retryPlan(out); ok {
@@ -259,6 +282,28 @@ func (a *attempt) run(ctx context.Context) error {
 		}
 	}
 	return a.finish(ctx, out, a.n)
+}
+
+// begin writes the record of a starting attempt.
+func (a *attempt) begin(ctx context.Context) error {
+	a.started = time.Now()
+	rec := a.rec
+	a.first = rec.StartedAt == nil
+	rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, a.n, a.w.cfg.ID, a.w.cfg.Backend
+	rec.NextAttemptAt, rec.UpdatedAt = nil, a.started
+	if a.first {
+		rec.StartedAt = &a.started
+	}
+	f, err := a.w.store.UpdateAsync(rec, a.rev)
+	if err != nil {
+		return err
+	}
+	rev, err := a.w.store.Wait(ctx, f)
+	if err != nil {
+		return err
+	}
+	a.rev = rev
+	return nil
 }
 
 // retryPlan decides whether a failed attempt is tried again, after what
@@ -307,7 +352,7 @@ func (a *attempt) retry(ctx context.Context, out *Outcome, delay time.Duration, 
 	if err := a.save(ctx, []jetstream.PubAckFuture{f}); err != nil {
 		return err
 	}
-	w.m.retries.Add(ctx, 1, metric.WithAttributes(attrPool(w.cfg.Pool), attribute.String("class", string(out.Failure.Class))))
+	w.m.retries.Add(ctx, 1, w.m.byClass(out.Failure.Class))
 	a.log.Info("attempt failed; retry scheduled", "class", out.Failure.Class, "delay", delay)
 	return a.msg.NakWithDelay(delay)
 }
@@ -391,7 +436,7 @@ func (a *attempt) conclude(ctx context.Context, res *job.Result) error {
 	if err := a.save(ctx, futures); err != nil {
 		return err
 	}
-	w.m.finished.Add(ctx, 1, metric.WithAttributes(attrPool(w.cfg.Pool), attrStatus(string(res.Status))))
+	w.m.finished.Add(ctx, 1, w.m.byStatus(res.Status))
 	if res.Status != job.StatusSucceeded {
 		a.span.SetStatus(codes.Error, string(res.Status))
 	}
@@ -615,6 +660,13 @@ func (a *attempt) eventSeq(t job.EventType, seq int, fill func(*job.Event)) jets
 		a.log.Warn("event not published", "type", t, "err", err)
 		return nil
 	}
+	if t == job.EventLog || t == job.EventHeartbeat {
+		// Many, and best effort: stored without an acknowledgement.
+		if err := a.w.nc.PublishMsg(m); err != nil {
+			a.log.Warn("event not published", "type", t, "err", err)
+		}
+		return nil
+	}
 	f, err := a.w.js.PublishMsgAsync(m)
 	if err != nil {
 		a.log.Warn("event not published", "type", t, "err", err)
@@ -630,7 +682,8 @@ func (a *attempt) newRecord() *job.Record {
 		sub = now
 	}
 	return &job.Record{ID: a.id, Pool: a.w.cfg.Pool, State: job.StateQueued, MaxAttempts: a.req.Retry.MaxAttempts,
-		SubmittedAt: sub, UpdatedAt: now, RunID: a.req.RunID, NodeID: a.req.NodeID, Labels: a.req.Labels}
+		SubmittedAt: sub, UpdatedAt: now, RunID: a.req.RunID, NodeID: a.req.NodeID, Labels: a.req.Labels,
+		TraceID: a.traceID}
 }
 
 func (a *attempt) running() job.RunningAttempt {
@@ -665,7 +718,3 @@ func mustMemory(q string) int64 {
 }
 
 func roundUpMi(b int64) int64 { return (b + (1<<20 - 1)) &^ (1<<20 - 1) }
-
-func attrPool(p string) attribute.KeyValue   { return attribute.String("pool", p) }
-func attrStatus(s string) attribute.KeyValue { return attribute.String("status", s) }
-func attrState(s string) attribute.KeyValue  { return attribute.String("state", s) }

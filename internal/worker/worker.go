@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -338,16 +339,47 @@ func (w *Worker) unregister(a *attempt) {
 	w.mu.Unlock()
 }
 
+// metrics are the worker's instruments, with their attribute sets built
+// once: building a set per measurement costs more than the measurement.
 type metrics struct {
-	started  metric.Int64Counter
-	finished metric.Int64Counter
-	retries  metric.Int64Counter
-	duration metric.Float64Histogram
-	wait     metric.Float64Histogram
+	started   metric.Int64Counter
+	finished  metric.Int64Counter
+	retries   metric.Int64Counter
+	duration  metric.Float64Histogram
+	wait      metric.Float64Histogram
+	poolAttrs metric.MeasurementOption
+	status    map[job.Status]metric.MeasurementOption
+	class     map[job.FailureClass]metric.MeasurementOption
+}
+
+func (x *metrics) byStatus(s job.Status) metric.MeasurementOption {
+	if o, ok := x.status[s]; ok {
+		return o
+	}
+	return x.poolAttrs
+}
+
+func (x *metrics) byClass(c job.FailureClass) metric.MeasurementOption {
+	if o, ok := x.class[c]; ok {
+		return o
+	}
+	return x.poolAttrs
 }
 
 func newMetrics(m metric.Meter, w *Worker) metrics {
-	var x metrics
+	pool := attribute.String("pool", w.cfg.Pool)
+	x := metrics{
+		poolAttrs: metric.WithAttributeSet(attribute.NewSet(pool)),
+		status:    map[job.Status]metric.MeasurementOption{},
+		class:     map[job.FailureClass]metric.MeasurementOption{},
+	}
+	for _, s := range []job.Status{job.StatusSucceeded, job.StatusFailed, job.StatusTimedOut, job.StatusCancelled} {
+		x.status[s] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("status", string(s))))
+	}
+	for _, c := range []job.FailureClass{job.ClassExecution, job.ClassTimeout, job.ClassOOM, job.ClassImage,
+		job.ClassInfrastructure, job.ClassCancelled, job.ClassRejected} {
+		x.class[c] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("class", string(c))))
+	}
 	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
@@ -358,9 +390,11 @@ func newMetrics(m metric.Meter, w *Worker) metrics {
 		metric.WithDescription("Time from submission to the start of the first attempt"),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300))
 	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
+	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
+	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))
 	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), metric.WithAttributes(attrState("total"), attrPool(w.cfg.Pool)))
-		o.ObserveInt64(slotsGauge, int64(w.Running()), metric.WithAttributes(attrState("used"), attrPool(w.cfg.Pool)))
+		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
+		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
 		return nil
 	}, slotsGauge)
 	return x

@@ -1,0 +1,180 @@
+// Package dockertest gives tests the local Docker daemon and a test image
+// built on it without a registry: FROM scratch plus testprog, a static Go
+// program that echoes, reads inputs, writes outputs, sleeps, ignores
+// SIGTERM, allocates memory and exits with a code (see testprog/main.go).
+//
+// When no daemon answers, tests are skipped if the CI environment variable
+// is unset and fail if it is set.
+package dockertest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/client"
+
+	"github.com/fleet-dev/fleet/internal/fleettest"
+)
+
+// Image is the tag of the test image.
+const Image = "fleet-test/testprog:latest"
+
+// NewClient returns a client of the Docker daemon that DOCKER_HOST names,
+// or of the local one, negotiating the API version.
+func NewClient() (*client.Client, error) {
+	return client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+}
+
+// Ping reports why the daemon does not answer, or nil when it does.
+func Ping(ctx context.Context) error {
+	cli, err := NewClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = cli.Ping(ctx)
+	return err
+}
+
+// Client returns a client of a daemon that answers a ping, closed when the
+// test ends. Without one the test is skipped, or fails under CI=true.
+func Client(t testing.TB) *client.Client {
+	t.Helper()
+	err := Ping(context.Background())
+	fleettest.Require(t, err == nil, "Docker daemon: %v", err)
+	cli, err := NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+var built struct {
+	once sync.Once
+	err  error
+}
+
+// TestImage builds the test image on the daemon, once per test binary, and
+// returns its tag. It requires a daemon as Client does.
+func TestImage(t testing.TB) string {
+	t.Helper()
+	cli := Client(t)
+	built.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		built.err = BuildImage(ctx, cli, Image)
+	})
+	if built.err != nil {
+		t.Fatalf("build the test image: %v", built.err)
+	}
+	return Image
+}
+
+// BuildImage compiles testprog and builds an image of it tagged tag: the
+// program is /testprog, and also /bin/true, where it exits 0 at once; the
+// image's default command echoes a greeting.
+func BuildImage(ctx context.Context, cli client.APIClient, tag string) error {
+	dir, err := os.MkdirTemp("", "fleet-testprog")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "testprog")
+	if err := compile(ctx, bin); err != nil {
+		return err
+	}
+	prog, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	buildCtx, err := tarball(map[string][]byte{
+		"Dockerfile": []byte("FROM scratch\nCOPY testprog /testprog\nCOPY testprog /bin/true\nCMD [\"/testprog\", \"echo\", \"hello from testprog\"]\n"),
+		"testprog":   prog,
+	})
+	if err != nil {
+		return err
+	}
+	resp, err := cli.ImageBuild(ctx, buildCtx, build.ImageBuildOptions{
+		Tags: []string{tag}, Remove: true, ForceRemove: true,
+		Labels: map[string]string{"fleet.test": "true"},
+	})
+	if err != nil {
+		return fmt.Errorf("image build: %w", err)
+	}
+	defer resp.Body.Close()
+	return readProgress(resp.Body)
+}
+
+// compile builds testprog as a static Linux binary for the daemon's
+// architecture, taken to be this one's.
+func compile(ctx context.Context, out string) error {
+	// go test puts its own go first on the PATH.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out,
+		"github.com/fleet-dev/fleet/internal/dockertest/testprog")
+	// GOFLAGS may carry -race, which a static build cannot have.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH, "GOFLAGS=")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build testprog: %w\n%s", err, msg)
+	}
+	return nil
+}
+
+// tarball makes a build context of files, by name.
+func tarball(files map[string][]byte) (io.Reader, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, data := range files {
+		hdr := &tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), ModTime: time.Unix(0, 0)}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return &buf, nil
+}
+
+// readProgress reads a build's JSON progress stream to its end and returns
+// the error it reports, if any.
+func readProgress(r io.Reader) error {
+	dec := json.NewDecoder(r)
+	for {
+		var m struct {
+			Error       string `json:"error"`
+			ErrorDetail *struct {
+				Message string `json:"message"`
+			} `json:"errorDetail"`
+		}
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("read build progress: %w", err)
+		}
+		if m.ErrorDetail != nil && m.ErrorDetail.Message != "" {
+			return errors.New(m.ErrorDetail.Message)
+		}
+		if m.Error != "" {
+			return errors.New(m.Error)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+// Command testprog is the one program of the Docker test image: a static
+// binary on FROM scratch, so that the image builds without a registry. Its
+// arguments are steps, run in order; each step takes a fixed number of
+// arguments:
+//
+//	echo TEXT        print TEXT on stdout
+//	stderr TEXT      print TEXT on stderr
+//	copy SRC DST     copy file SRC to DST
+//	write PATH TEXT  write TEXT to file PATH
+//	fill PATH BYTES  write BYTES bytes to file PATH
+//	env NAME         print the value of NAME, or "<unset>"
+//	self             print uid, gid, effective capabilities and NoNewPrivs
+//	ignore-term      ignore SIGTERM from now on
+//	alloc BYTES      allocate and touch BYTES of memory, and keep it
+//	sleep DURATION   sleep for a Go duration
+//	exit CODE        exit with CODE
+//
+// Invoked as "true" (the image has it as /bin/true), it exits 0 at once.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var kept [][]byte // memory that alloc holds on to
+
+func main() {
+	if filepath.Base(os.Args[0]) == "true" {
+		return
+	}
+	args := os.Args[1:]
+	for len(args) > 0 {
+		verb := args[0]
+		n, ok := arity[verb]
+		if !ok || len(args) < 1+n {
+			fail("usage: step %q is unknown or misses arguments", verb)
+		}
+		step(verb, args[1:1+n])
+		args = args[1+n:]
+	}
+}
+
+var arity = map[string]int{
+	"echo": 1, "stderr": 1, "copy": 2, "write": 2, "fill": 2, "env": 1, "self": 0,
+	"ignore-term": 0, "alloc": 1, "sleep": 1, "exit": 1,
+}
+
+func step(verb string, a []string) {
+	switch verb {
+	case "echo":
+		fmt.Println(a[0])
+	case "stderr":
+		fmt.Fprintln(os.Stderr, a[0])
+	case "copy":
+		data, err := os.ReadFile(a[0])
+		check(err)
+		check(os.WriteFile(a[1], data, 0o644))
+	case "write":
+		check(os.WriteFile(a[0], []byte(a[1]), 0o644))
+	case "fill":
+		f, err := os.Create(a[0])
+		check(err)
+		_, err = io.CopyN(f, zeros{}, number(a[1]))
+		check(err)
+		check(f.Close())
+	case "env":
+		v, ok := os.LookupEnv(a[0])
+		if !ok {
+			v = "<unset>"
+		}
+		fmt.Println(v)
+	case "self":
+		fmt.Printf("uid=%d gid=%d\n", os.Getuid(), os.Getgid())
+		f, err := os.Open("/proc/self/status")
+		check(err)
+		s := bufio.NewScanner(f)
+		for s.Scan() {
+			if k, v, ok := strings.Cut(s.Text(), ":"); ok && (k == "CapEff" || k == "CapPrm" || k == "NoNewPrivs") {
+				fmt.Printf("%s=%s\n", k, strings.TrimSpace(v))
+			}
+		}
+		f.Close()
+	case "ignore-term":
+		signal.Ignore(syscall.SIGTERM)
+	case "alloc":
+		b := make([]byte, number(a[0]))
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		kept = append(kept, b)
+	case "sleep":
+		d, err := time.ParseDuration(a[0])
+		check(err)
+		time.Sleep(d)
+	case "exit":
+		os.Exit(int(number(a[0])))
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+func number(s string) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	check(err)
+	return n
+}
+
+func check(err error) {
+	if err != nil {
+		fail("%v", err)
+	}
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "testprog: "+format+"\n", args...)
+	os.Exit(100)
+}

@@ -1,0 +1,518 @@
+// Package docker runs each attempt as a container on one Docker host,
+// through the Docker API with version negotiation (from Debian's 20.10,
+// API 1.41, to current releases).
+//
+// An attempt gets one container, named from its job and attempt and
+// labelled with job, attempt, worker and pool (see the Label constants).
+// Its workspace is three host folders bind-mounted at /fleet/inputs
+// (read-only), /fleet/outputs and /fleet/work; the declared outputs are
+// read back after the run. Resources become cgroup limits: a CFS quota for
+// the CPU, a memory limit without swap, a pids limit, NVIDIA device requests
+// for GPUs. Every container is hardened: not privileged, all capabilities
+// dropped, no-new-privileges, only the workspace mounted, the daemon's
+// bridge network (never the host's), and a non-root user unless the image
+// names one of its own.
+//
+// A timeout or a cancel sends SIGTERM, then SIGKILL after the grace
+// period. Containers are removed after the attempt, unless it failed and
+// KeepFailed is set; Recover removes whatever an earlier life of the worker
+// left behind.
+//
+// The daemon bind-mounts workspace folders by their path on the Docker
+// host. A worker that runs in a container itself, with the Docker socket
+// mounted, must see Config.Dir at the same path as the host does: mount
+// the host folder at the same path, e.g. -v /var/lib/fleet:/var/lib/fleet
+// with --workspace-dir /var/lib/fleet.
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/events"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/workspace"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Config configures the executor.
+type Config struct {
+	// Host is the address of the Docker daemon, such as
+	// unix:///var/run/docker.sock. Defaults to DOCKER_HOST, then the local
+	// socket; the other DOCKER_* variables apply too.
+	Host string
+	// Dir holds the attempts' workspaces. It must have the same path on the
+	// worker and on the Docker host (see the package documentation).
+	// Defaults to a folder in the system's temporary directory.
+	Dir string
+	// AllowedImages lists the image prefixes that attempts may use, such
+	// as "ghcr.io/acme/" or "alpine". A prefix matches at a boundary of the
+	// name ("ghcr.io/acme" covers "ghcr.io/acme/app", not
+	// "ghcr.io/acme-evil/app"), as written or in full
+	// ("docker.io/library/alpine:3"). Defaults to none: every image may run.
+	AllowedImages []string
+	// Network is the network containers join. Defaults to the daemon's
+	// default bridge. "host" is refused; "none" cuts jobs off.
+	Network string
+	// User runs the containers of images that name no user, or root, as
+	// this user. Defaults to "65534:65534" (nobody); "0:0" keeps root.
+	User string
+	// PidsLimit bounds the processes of one container. Defaults to 1024.
+	PidsLimit int64
+	// GPUs is how many NVIDIA GPUs the Docker host offers. Defaults to 0,
+	// and requests for GPUs are refused.
+	GPUs int
+	// Grace is how long a container has to exit after SIGTERM before it is
+	// killed. Defaults to 10 seconds.
+	Grace time.Duration
+	// KeepFailed keeps the container and the workspace of attempts that
+	// did not succeed, for debugging, until the worker starts again.
+	KeepFailed bool
+	// Outputs bounds what is read back from the outputs folder.
+	Outputs workspace.Limits
+	// TailBytes is how much of stdout and stderr a result keeps.
+	TailBytes int
+	// APITimeout bounds each short call to the daemon (create, start,
+	// inspect, kill, remove). Defaults to 2 minutes.
+	APITimeout time.Duration
+	// PullTimeout bounds one image pull. Defaults to 10 minutes.
+	PullTimeout time.Duration
+	// Logger defaults to slog.Default(). Environment values are never
+	// logged.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Dir == "" {
+		c.Dir = filepath.Join(os.TempDir(), "fleet-docker-attempts")
+	}
+	dir, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return c, fmt.Errorf("workspace folder: %w", err)
+	}
+	c.Dir = dir
+	if c.User == "" {
+		c.User = "65534:65534"
+	}
+	if c.PidsLimit <= 0 {
+		c.PidsLimit = 1024
+	}
+	if c.Grace <= 0 {
+		c.Grace = 10 * time.Second
+	}
+	if c.APITimeout <= 0 {
+		c.APITimeout = 2 * time.Minute
+	}
+	if c.PullTimeout <= 0 {
+		c.PullTimeout = 10 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+func (c Config) validate() error {
+	if container.NetworkMode(c.Network).IsHost() {
+		return errors.New("the host network is not allowed: containers join a bridge network")
+	}
+	if c.GPUs < 0 {
+		return fmt.Errorf("GPUs must not be negative, got %d", c.GPUs)
+	}
+	return nil
+}
+
+// Executor runs attempts as Docker containers.
+type Executor struct {
+	cfg Config
+	log *slog.Logger
+	// api makes the short calls, each bounded by cfg.APITimeout; stream
+	// has no timeout, for what lasts as long as a container or a pull:
+	// waits, logs and pulls.
+	api    *client.Client
+	stream *client.Client
+	pulls  *puller
+}
+
+var (
+	_ worker.Executor         = (*Executor)(nil)
+	_ worker.Validator        = (*Executor)(nil)
+	_ worker.Recoverer        = (*Executor)(nil)
+	_ worker.CapacityReporter = (*Executor)(nil)
+)
+
+// New returns an Executor. It does not contact the daemon; Ping does.
+func New(cfg Config) (*Executor, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("docker executor: %w", err)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("workspace folder: %w", err)
+	}
+	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if cfg.Host != "" {
+		opts = append(opts, client.WithHost(cfg.Host))
+	}
+	api, err := client.NewClientWithOpts(append(opts, client.WithTimeout(cfg.APITimeout))...)
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	stream, err := client.NewClientWithOpts(opts...)
+	if err != nil {
+		_ = api.Close()
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	e := &Executor{cfg: cfg, log: cfg.Logger.With("component", "docker-executor"), api: api, stream: stream}
+	e.pulls = newPuller(e.pullImage, cfg.PullTimeout)
+	return e, nil
+}
+
+// Ping checks that the daemon answers.
+func (e *Executor) Ping(ctx context.Context) error {
+	if _, err := e.api.Ping(ctx); err != nil {
+		return fmt.Errorf("docker daemon at %s: %w", e.api.DaemonHost(), err)
+	}
+	return nil
+}
+
+// Close closes the connections to the daemon.
+func (e *Executor) Close() error {
+	return errors.Join(e.api.Close(), e.stream.Close())
+}
+
+// Validate refuses requests this worker can never run: without an image,
+// with an image outside the allowlist, or asking for more GPUs than the
+// host has.
+func (e *Executor) Validate(r *job.Request) error {
+	if err := checkImage(r.Image, e.cfg.AllowedImages); err != nil {
+		return err
+	}
+	if r.Resources != nil && r.Resources.GPU > e.cfg.GPUs {
+		return fmt.Errorf("%d GPUs requested; this worker's Docker host offers %d", r.Resources.GPU, e.cfg.GPUs)
+	}
+	return nil
+}
+
+// Failure codes of the attempts the executor runs.
+const (
+	CodeStartFailed       = "start_failed"       // the command cannot be run (execution)
+	CodeOOMKilled         = "oom_killed"         // killed over its memory limit (oom)
+	CodeContainerVanished = "container_vanished" // removed by someone else (infrastructure)
+	CodeContainerLost     = "container_lost"     // the daemon lost it, or us (infrastructure)
+)
+
+// Run runs one attempt in a container.
+func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome, err error) {
+	req := t.Request
+	if err := e.Validate(req); err != nil {
+		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
+	}
+	img, err := e.image(ctx, req.Image, req.PullPolicy, t.Report)
+	if ctx.Err() != nil {
+		return worker.CancelledOutcome(ctx, time.Time{}), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	dir, err := e.workspace(t)
+	if err != nil {
+		return nil, err
+	}
+	keep := func() bool { return e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded }
+	defer func() {
+		if !keep() {
+			_ = dir.Remove()
+		}
+	}()
+
+	// The container's own calls are not cut short when the attempt is
+	// cancelled: a create cut short may still create, and nothing would
+	// remove the container.
+	bg := context.WithoutCancel(ctx)
+	log := e.log.With("job_id", t.JobID, "attempt", t.Attempt)
+	name := containerName(t.JobID, t.Attempt, randomSuffix())
+	cfg, host := e.spec(t, img.Config.User, dir)
+	created, err := e.api.ContainerCreate(bg, cfg, host, nil, nil, name)
+	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil, job.Failf(job.ClassImage, CodeImageNotPresent, "image %s is gone from the Docker host: %v", req.Image, err)
+		}
+		return nil, fmt.Errorf("create container %s: %w", name, err)
+	}
+	id := created.ID
+	for _, w := range created.Warnings {
+		log.Warn("Docker warns about the container", "container", name, "warning", w)
+	}
+	defer func() {
+		if keep() {
+			log.Info("keeping the container of a failed attempt", "container", name)
+			return
+		}
+		e.remove(bg, id, name)
+	}()
+
+	if err := e.api.ContainerStart(bg, id, container.StartOptions{}); err != nil {
+		return e.startFailed(bg, id, name, err)
+	}
+	started := time.Now()
+	log.Debug("container started", "container", name)
+	if t.Report != nil {
+		t.Report.Phase("running", "container "+name+" started")
+	}
+
+	stdout := worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)
+	stderr := worker.NewOutput("stderr", t.Report, e.cfg.TailBytes)
+	logsDone := e.follow(bg, id, stdout, stderr)
+	// The wait runs on a context of its own, not the attempt's: a cancel
+	// must stop the container, not stop watching it.
+	waitCtx, stopWait := context.WithCancel(bg)
+	defer stopWait()
+	exited := e.wait(waitCtx, id)
+
+	timer := time.NewTimer(req.Timeout.Std())
+	defer timer.Stop()
+	var stopped *job.Failure // why the worker stopped the container, if it did
+	var x exit
+	select {
+	case x = <-exited:
+	case <-timer.C:
+		how := e.terminate(bg, id, exited, &x)
+		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimout, "ran longer than its timeout of %s; %s", req.Timeout, how)
+	case <-ctx.Done():
+		how := e.terminate(bg, id, exited, &x)
+		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)
+	}
+	logsDone()
+
+	out = &worker.Outcome{StartedAt: started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
+	oom := false
+	if x.err == nil {
+		code := int(x.code)
+		out.ExitCode = &code
+		oom, x.err = e.oomKilled(bg, id, started, code == 137 && stopped == nil)
+	}
+	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	out.Outputs = outputs
+	switch {
+	case stopped != nil && stopped.Class == job.ClassTimeout:
+		out.Status, out.Failure = job.StatusTimedOut, stopped
+	case stopped != nil:
+		out.Status, out.Failure = job.StatusCancelled, stopped
+	case cerrdefs.IsNotFound(x.err):
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerVanished,
+			"container %s was removed while the attempt ran", name)
+	case x.err != nil:
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerLost,
+			"lost track of container %s: %v", name, x.err)
+	case *out.ExitCode != 0 && oom:
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassOOM, CodeOOMKilled,
+			"killed for exceeding its memory limit of %s (exit code %d)", req.Resources.Memory, *out.ExitCode)
+	case *out.ExitCode != 0:
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassExecution, job.CodeExitCode, "%s", exitMessage(*out.ExitCode))
+	case ofail != nil:
+		out.Status, out.Failure = job.StatusFailed, ofail
+	default:
+		out.Status = job.StatusSucceeded
+	}
+	return out, nil
+}
+
+// workspace creates the attempt's workspace, with its workdir when that is
+// under /fleet/work: made here, the container's user can write to it; made
+// by the daemon, it would be root's.
+func (e *Executor) workspace(t *worker.Task) (*workspace.Dir, error) {
+	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, t.Request.Inputs)
+	if err != nil {
+		return nil, err
+	}
+	if wd := t.Request.Workdir; wd != "" && !path.IsAbs(wd) {
+		p := filepath.Join(dir.Work, filepath.FromSlash(wd))
+		if err := os.MkdirAll(p, 0o755); err == nil {
+			err = os.Chmod(p, 0o777)
+		}
+		if err != nil {
+			_ = dir.Remove()
+			return nil, fmt.Errorf("workdir: %w", err)
+		}
+	}
+	return dir, nil
+}
+
+// startFailed settles a container that would not start. The daemon calls
+// a command that cannot be run, missing or not executable, an invalid
+// argument, and gives the container the shell's exit code for it (127 or
+// 126): that is the job's failure. Anything else is the daemon's.
+func (e *Executor) startFailed(ctx context.Context, id, name string, err error) (*worker.Outcome, error) {
+	if !cerrdefs.IsInvalidArgument(err) {
+		return nil, fmt.Errorf("start container %s: %w", name, err)
+	}
+	now := time.Now()
+	out := &worker.Outcome{Status: job.StatusFailed, StartedAt: now, FinishedAt: now,
+		Failure: job.Failf(job.ClassExecution, CodeStartFailed, "cannot start the container: %v", err)}
+	if c, err := e.api.ContainerInspect(ctx, id); err == nil && c.State != nil && c.State.ExitCode != 0 {
+		code := c.State.ExitCode
+		out.ExitCode = &code
+	}
+	return out, nil
+}
+
+// exit is how the wait for a container ended.
+type exit struct {
+	code int64
+	err  error
+}
+
+// wait waits, until ctx ends, for the container to stop running.
+func (e *Executor) wait(ctx context.Context, id string) <-chan exit {
+	ch := make(chan exit, 1)
+	results, errs := e.stream.ContainerWait(ctx, id, container.WaitConditionNotRunning)
+	go func() {
+		select {
+		case r := <-results:
+			x := exit{code: r.StatusCode}
+			if r.Error != nil && r.Error.Message != "" {
+				x.err = errors.New(r.Error.Message)
+			}
+			ch <- x
+		case err := <-errs:
+			ch <- exit{err: err}
+		}
+	}()
+	return ch
+}
+
+// oomKilled inspects a container that has exited and reports whether the
+// kernel killed it for its memory. A container removed by someone else is
+// not found.
+//
+// The daemon's OOMKilled is not enough: containerd sends the OOM and the
+// exit of a container on separate paths, and the daemon (20.10 at least)
+// sets OOMKilled only when the OOM comes first. It announces the OOM
+// event either way, so a container killed by a SIGKILL not ours (sigkill)
+// is checked against the daemon's events too. What neither can tell is an
+// OOM kill in the first moments of a container, before containerd watches
+// for them (cgroup v1): that shows as a plain exit code 137.
+func (e *Executor) oomKilled(ctx context.Context, id string, started time.Time, sigkill bool) (bool, error) {
+	c, err := e.api.ContainerInspect(ctx, id)
+	switch {
+	case err != nil:
+		return false, err
+	case c.State == nil:
+		return false, nil
+	case c.State.Status == container.StateRemoving || c.State.Status == container.StateDead:
+		// Someone is removing it, and killed it first.
+		return false, cerrdefs.ErrNotFound
+	case c.State.OOMKilled || !sigkill:
+		return c.State.OOMKilled, nil
+	}
+	return e.oomEvent(ctx, id, started), nil
+}
+
+// oomEvent reports whether the daemon announced an OOM kill of the
+// container since it started, waiting a moment for one announced late.
+func (e *Executor) oomEvent(ctx context.Context, id string, started time.Time) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	msgs, errs := e.stream.Events(ctx, events.ListOptions{
+		// A minute early, for a daemon whose clock is behind ours.
+		Since: started.Add(-time.Minute).Format(time.RFC3339Nano),
+		Filters: filters.NewArgs(filters.Arg("type", string(events.ContainerEventType)),
+			filters.Arg("container", id), filters.Arg("event", string(events.ActionOOM))),
+	})
+	select {
+	case <-msgs:
+		return true
+	case err := <-errs:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			e.log.Warn("cannot read the daemon's events", "container_id", id, "err", err)
+		}
+		return false
+	}
+}
+
+// terminate stops the container: SIGTERM, then SIGKILL after the grace
+// period. It returns how the container ended.
+func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit, x *exit) string {
+	// A failure here means the container is already gone or stopping.
+	if err := e.api.ContainerKill(ctx, id, "SIGTERM"); err != nil {
+		e.log.Debug("SIGTERM not delivered", "container_id", id, "err", err)
+	}
+	grace := time.NewTimer(e.cfg.Grace)
+	defer grace.Stop()
+	select {
+	case *x = <-exited:
+		return "stopped with SIGTERM"
+	case <-grace.C:
+	}
+	if err := e.api.ContainerKill(ctx, id, "SIGKILL"); err != nil {
+		e.log.Debug("SIGKILL not delivered", "container_id", id, "err", err)
+	}
+	select {
+	case *x = <-exited:
+	case <-time.After(e.cfg.APITimeout):
+		*x = exit{err: fmt.Errorf("still running %s after SIGKILL", e.cfg.APITimeout)}
+	}
+	return fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
+}
+
+// follow copies the container's output, stdout and stderr apart, into the
+// Outputs. The returned function waits for the copy to end, which it does
+// when the container has stopped; it waits a few seconds at most.
+func (e *Executor) follow(ctx context.Context, id string, stdout, stderr *worker.Output) (wait func()) {
+	rc, err := e.stream.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: true})
+	if err != nil {
+		e.log.Warn("cannot follow the container's output", "container_id", id, "err", err)
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = stdcopy.StdCopy(stdout, stderr, rc)
+		_ = stdout.Close()
+		_ = stderr.Close()
+	}()
+	return func() {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			e.log.Warn("the container's output did not end with it; cutting it", "container_id", id)
+		}
+		_ = rc.Close()
+		<-done
+	}
+}
+
+// remove removes a container and its anonymous volumes.
+func (e *Executor) remove(ctx context.Context, id, name string) {
+	err := e.api.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	// Not found, or a conflict with a removal under way: gone, or going.
+	if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
+		e.log.Warn("cannot remove container", "container", name, "err", err)
+	}
+}
+
+// exitMessage describes a non-zero exit code; a code above 128 is most
+// often a signal's.
+func exitMessage(code int) string {
+	if code > 128 && code < 128+32 {
+		return fmt.Sprintf("exited with code %d (128 + signal %d, %v)", code, code-128, syscall.Signal(code-128))
+	}
+	return fmt.Sprintf("exited with code %d", code)
+}

@@ -1,0 +1,69 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
+	"github.com/fleet-dev/fleet/internal/workspace"
+)
+
+// Recover removes every container that an earlier life of worker workerID
+// left on the Docker host, running or not, with its workspace: a worker
+// killed mid-attempt leaves nothing running or orphaned once it is back.
+//
+// It never reattaches to a running container. That attempt's delivery
+// died with the process that held it: JetStream redelivers the job after
+// its ack wait, and the worker counts the attempt as lost. A container left
+// running would be a second copy of the job, racing the redelivered attempt
+// for the same outputs and the same capacity; killing it keeps one attempt
+// of a job running at a time, with a policy simple enough to trust.
+// Containers kept by KeepFailed go too: they last until the worker starts
+// again.
+func (e *Executor) Recover(ctx context.Context, workerID string) error {
+	list, err := e.api.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
+		filters.Arg("label", LabelManaged+"=true"),
+		filters.Arg("label", LabelWorkerID+"="+workerID),
+	)})
+	if err != nil {
+		return fmt.Errorf("list the containers of worker %s: %w", workerID, err)
+	}
+	var errs []error
+	for _, c := range list {
+		name := strings.TrimPrefix(firstOr(c.Names, c.ID), "/")
+		// Force: SIGKILL first when it runs.
+		err := e.api.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove container %s: %w", name, err))
+			continue
+		}
+		e.removeWorkspace(c.Labels[LabelWorkspace])
+		e.log.Info("removed a container left by an earlier life of this worker", "container", name,
+			"job_id", c.Labels[LabelJobID], "attempt", c.Labels[LabelAttempt], "state", c.State)
+	}
+	return errors.Join(errs...)
+}
+
+// removeWorkspace removes the workspace folder of a container, if it is one
+// of this executor's.
+func (e *Executor) removeWorkspace(root string) {
+	if root == "" || filepath.Dir(filepath.Clean(root)) != e.cfg.Dir {
+		return
+	}
+	if err := (&workspace.Dir{Root: root}).Remove(); err != nil {
+		e.log.Warn("cannot remove the workspace of a removed container", "dir", root, "err", err)
+	}
+}
+
+func firstOr(s []string, def string) string {
+	if len(s) > 0 {
+		return s[0]
+	}
+	return def
+}

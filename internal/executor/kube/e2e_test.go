@@ -1,0 +1,357 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/fleet-dev/fleet/internal/kubetest"
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// These tests run the executor against a real API server, controller
+// manager (the Job controller, the garbage collector) and scheduler, with
+// kwok as the kubelet of a fake node (see internal/kubetest). Pods run
+// nothing: annotations tell kwok how they end.
+
+func TestMain(m *testing.M) { kubetest.Main(m) }
+
+type cluster struct {
+	env    *kubetest.Env
+	ns     string
+	exec   *Executor
+	report *recorder
+}
+
+// start gives the test a namespace where pods must meet the "restricted"
+// Pod Security Standard, and an executor for it. pod holds the annotations
+// that steer kwok.
+func start(t *testing.T, pod map[string]string, change func(*Config)) *cluster {
+	t.Helper()
+	env := kubetest.Start(t)
+	c := &cluster{env: env, ns: env.NewNamespace(t), report: &recorder{}}
+	c.restrict(t)
+	cfg := Config{Client: env.Client, Namespace: c.ns, WorkerID: "worker-1", PodAnnotations: pod,
+		Grace: time.Second, ImagePullWait: 2 * time.Second, PendingWait: 2 * time.Second, Logger: testLogger(t)}
+	if change != nil {
+		change(&cfg)
+	}
+	var err error
+	c.exec, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.exec.Close() })
+	return c
+}
+
+// restrict makes the API server refuse pods that run as root, may gain
+// privileges, keep capabilities or run without a seccomp profile.
+func (c *cluster) restrict(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := c.env.Client.CoreV1().Namespaces().Get(ctx, c.ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := c.env.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) run(ctx context.Context, req *job.Request) (*worker.Outcome, error) {
+	tk := task(req)
+	tk.Report = c.report
+	return c.exec.Run(ctx, tk)
+}
+
+func (c *cluster) mustRun(t *testing.T, ctx context.Context, req *job.Request) *worker.Outcome {
+	t.Helper()
+	begin := time.Now()
+	out, err := c.run(ctx, req)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Logf("%s in %s; phases: %s", describe(out), time.Since(begin).Round(10*time.Millisecond), c.report.phaseList())
+	return out
+}
+
+// left counts the Jobs and pods that still exist in the namespace.
+func (c *cluster) left(t *testing.T) (jobs, pods int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j, err := c.env.Client.BatchV1().Jobs(c.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.env.Client.CoreV1().Pods(c.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(j.Items), len(p.Items)
+}
+
+func timeout(d time.Duration) func(*job.Request) {
+	return func(r *job.Request) {
+		v := job.Duration(d)
+		r.Timeout = &v
+	}
+}
+
+func TestKubeSucceedsWithLogs(t *testing.T) {
+	t.Parallel()
+	c := start(t, map[string]string{kubetest.AnnotationDuration: "1500ms"}, nil)
+	c.env.SetPodLogs(t, c.ns, "hello from the pod", "second line")
+	out := c.mustRun(t, context.Background(), request(func(r *job.Request) {
+		r.Env = map[string]string{"TOKEN": "s3cr3t"}
+		r.Inputs = map[string]string{"params.json": "{}"}
+		r.Labels = map[string]string{"team": "search"}
+	}))
+	equal(t, "outcome", describe(out), "succeeded exit 0")
+	equal(t, "stdout", out.Stdout, "hello from the pod\nsecond line\n")
+	equal(t, "log events", c.report.logList(), "stdout:hello from the pod\nstdout:second line")
+	equal(t, "phases", c.report.phaseList(), "Pending Running Succeeded")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	jobs, err := c.env.Client.BatchV1().Jobs(c.ns).List(ctx, metav1.ListOptions{LabelSelector: "fleet.dev/worker-id=worker-1,team=search"})
+	if err != nil || len(jobs.Items) != 1 {
+		t.Fatalf("Jobs of the worker: %v, %v", jobs, err)
+	}
+	j := jobs.Items[0]
+	equal(t, "job id annotation", j.Annotations[AnnotationJobID], "job-1")
+	secret, err := c.env.Client.CoreV1().Secrets(c.ns).Get(ctx, j.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the attempt's Secret: %v", err)
+	}
+	if len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].UID != j.UID {
+		t.Errorf("Secret owners = %+v, want the Job", secret.OwnerReferences)
+	}
+}
+
+func TestKubeFailsWithExitCode(t *testing.T) {
+	t.Parallel()
+	c := start(t, map[string]string{kubetest.AnnotationExitCode: "3", kubetest.AnnotationDuration: "200ms"}, nil)
+	out := c.mustRun(t, context.Background(), request(nil))
+	equal(t, "outcome", describe(out), "failed execution/exit_code exit 3")
+	equal(t, "message", out.Failure.Message, "exited with code 3: simulated exit code 3")
+}
+
+func TestKubeOOM(t *testing.T) {
+	t.Parallel()
+	c := start(t, map[string]string{kubetest.AnnotationOOM: "true", kubetest.AnnotationDuration: "200ms"}, nil)
+	out := c.mustRun(t, context.Background(), request(nil))
+	equal(t, "outcome", describe(out), "failed oom/oom_killed exit 137")
+	equal(t, "message", out.Failure.Message, "killed for exceeding its memory limit of 384Mi (OOMKilled)")
+}
+
+func TestKubeDeadline(t *testing.T) {
+	t.Parallel()
+	c := start(t, map[string]string{kubetest.AnnotationDuration: "1h"}, nil)
+	out := c.mustRun(t, context.Background(), request(timeout(2*time.Second)))
+	equal(t, "outcome", describe(out), "timed_out timeout/attempt_timeout")
+	if d := out.FinishedAt.Sub(out.StartedAt); d < 2*time.Second || d > 20*time.Second {
+		t.Errorf("the attempt took %s for a timeout of 2s", d)
+	}
+	if _, pods := c.left(t); pods != 0 {
+		t.Errorf("%d pods left after the deadline", pods)
+	}
+}
+
+func TestKubeCancel(t *testing.T) {
+	t.Parallel()
+	c := start(t, map[string]string{kubetest.AnnotationDuration: "1h"}, nil)
+	ctx := cancelWhenRunning(c.report)
+	out := c.mustRun(t, ctx, request(nil))
+	equal(t, "outcome", describe(out), "cancelled cancelled/cancelled")
+	equal(t, "message", out.Failure.Message, "job cancelled; Job and pod deleted")
+	if jobs, pods := c.left(t); jobs != 0 || pods != 0 {
+		t.Errorf("%d Jobs and %d pods left after a cancel", jobs, pods)
+	}
+}
+
+func TestKubeImagePull(t *testing.T) {
+	t.Parallel()
+	c := start(t, nil, nil)
+	out := c.mustRun(t, context.Background(), request(func(r *job.Request) { r.Image = "registry.example/" + kubetest.MissingImageMarker + ":1" }))
+	equal(t, "outcome", describe(out), "failed image/image_pull")
+	if d := out.FinishedAt.Sub(out.StartedAt); d < 2*time.Second {
+		t.Errorf("gave up on the image after %s, want the configured 2s", d)
+	}
+	if !strings.Contains(out.Failure.Message, "ErrImagePull") && !strings.Contains(out.Failure.Message, "ImagePullBackOff") {
+		t.Errorf("message %q does not say why", out.Failure.Message)
+	}
+	if jobs, pods := c.left(t); jobs != 0 || pods != 0 {
+		t.Errorf("%d Jobs and %d pods left", jobs, pods)
+	}
+}
+
+func TestKubeUnschedulable(t *testing.T) {
+	t.Parallel()
+	c := start(t, nil, nil)
+	out := c.mustRun(t, context.Background(), request(func(r *job.Request) { r.Resources = &job.Resources{CPU: "64"} }))
+	equal(t, "outcome", describe(out), "failed infrastructure/unschedulable")
+	if !strings.Contains(out.Failure.Message, "Insufficient cpu") {
+		t.Errorf("message %q does not say why", out.Failure.Message)
+	}
+}
+
+// TestKubeOutputs runs an attempt that declares outputs with a shared
+// volume claim, bound to a hostPath volume. Nothing runs in kwok's pods, so
+// the test writes the output where the container would have.
+func TestKubeOutputs(t *testing.T) {
+	t.Parallel()
+	shared := t.TempDir()
+	c := start(t, map[string]string{kubetest.AnnotationDuration: "1500ms"}, func(c *Config) { c.SharedPVC, c.SharedDir = "fleet-shared", shared })
+	c.sharedVolume(t, shared)
+	go func() {
+		if !c.report.waitFor("Running", 30*time.Second) {
+			return
+		}
+		dirs, _ := filepath.Glob(filepath.Join(shared, "worker-1", "job-1-2-*", "outputs"))
+		for _, d := range dirs {
+			_ = os.WriteFile(filepath.Join(d, "greeting.txt"), []byte("hi\n"), 0o644)
+		}
+	}()
+	out := c.mustRun(t, context.Background(), request(func(r *job.Request) { r.Outputs = []string{"greeting.txt"} }))
+	equal(t, "outcome", describe(out), "succeeded exit 0")
+	equal(t, "output", out.Outputs["greeting.txt"], "hi\n")
+}
+
+// sharedVolume makes a ReadWriteMany claim fleet-shared, bound to a
+// hostPath volume at dir.
+func (c *cluster) sharedVolume(t *testing.T, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rwx := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+	size := corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
+	pv, err := c.env.Client.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: c.ns + "-shared"},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes: rwx, Capacity: size, StorageClassName: "manual",
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
+			ClaimRef:               &corev1.ObjectReference{Namespace: c.ns, Name: "fleet-shared"},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.env.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+	_, err = c.env.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "fleet-shared"},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: rwx, StorageClassName: new("manual"),
+			Resources: corev1.VolumeResourceRequirements{Requests: size}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKubeRBAC(t *testing.T) {
+	t.Parallel()
+	env := kubetest.Start(t)
+	ns, other := env.NewNamespace(t), env.NewNamespace(t)
+	rbac := filepath.Join(repoRoot(t), "deploy", "kubernetes", "worker-rbac.yaml")
+	apply := exec.Command(env.Kubectl, "--kubeconfig", env.KubeconfigPath, "apply", "-n", ns, "-f", rbac)
+	if out, err := apply.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	client, err := kubernetes.NewForConfig(env.ConfigFor(t, ns, "fleet-worker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.SetPodLogs(t, ns, "logged under RBAC")
+	c := &cluster{env: env, ns: ns, report: &recorder{}}
+	c.exec, err = New(Config{Client: client, Namespace: ns, WorkerID: "worker-1", Grace: time.Second, SyncTimeout: 5 * time.Second,
+		PodAnnotations: map[string]string{kubetest.AnnotationDuration: "1500ms"}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.exec.Close() })
+	ctx := context.Background()
+
+	// What the worker does.
+	if err := c.exec.Recover(ctx, "worker-1"); err != nil {
+		t.Errorf("Recover: %v", err)
+	}
+	if _, err := c.exec.Capacity(ctx); err != nil {
+		t.Errorf("Capacity: %v", err)
+	}
+	out := c.mustRun(t, ctx, request(func(r *job.Request) {
+		r.Env = map[string]string{"TOKEN": "s3cr3t"}
+		r.Inputs = map[string]string{"params.json": "{}"}
+	}))
+	equal(t, "outcome", describe(out), "succeeded exit 0")
+	equal(t, "stdout", out.Stdout, "logged under RBAC\n")
+	c.report = &recorder{}
+	out = c.mustRun(t, cancelWhenRunning(c.report), request(timeout(time.Hour)))
+	equal(t, "cancelled", describe(out), "cancelled cancelled/cancelled")
+	if err := c.exec.Recover(ctx, "worker-1"); err != nil {
+		t.Errorf("Recover of finished Jobs: %v", err)
+	}
+
+	// What it must not.
+	forbidden := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: err = %v, want Forbidden", what, err)
+		}
+	}
+	_, err = client.BatchV1().Jobs(other).Create(ctx, &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+	forbidden("create a Job in another namespace", err)
+	_, err = client.CoreV1().Pods(other).List(ctx, metav1.ListOptions{})
+	forbidden("list pods in another namespace", err)
+	_, err = client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	forbidden("read Secrets", err)
+	_, err = client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+	forbidden("create a pod directly", err)
+
+	elsewhere, err := New(Config{Client: client, Namespace: other, WorkerID: "worker-1", SyncTimeout: 2 * time.Second, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer elsewhere.Close()
+	tk := task(request(nil))
+	tk.Report = &recorder{}
+	if _, err := elsewhere.Run(ctx, tk); err == nil || !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("Run in another namespace: err = %v, want a forbidden watch", err)
+	}
+}
+
+// cancelWhenRunning returns a context that a user cancels once the attempt
+// reports its pod running.
+func cancelWhenRunning(r *recorder) context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		if r.waitFor("Running", 30*time.Second) {
+			cancel(worker.ErrCancelled)
+		} else {
+			cancel(errors.New("the pod never ran"))
+		}
+	}()
+	return ctx
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}

@@ -1,0 +1,343 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/workspace"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// stopSlack is how long, beyond the pods' grace period, stopping an attempt
+// waits for its Job and pod to be gone.
+const stopSlack = 30 * time.Second
+
+// callTimeout bounds API calls made while cleaning up.
+const callTimeout = 30 * time.Second
+
+// Run runs one attempt as a Job and waits, on the informers'
+// notifications, until the Job has ended and nothing of it runs.
+func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, error) {
+	req := t.Request.Clone()
+	req.Normalize()
+	if err := e.Validate(req); err != nil {
+		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "kubernetes executor cannot run it: %v", err)
+	}
+	if t.WorkerID != e.cfg.WorkerID {
+		return nil, fmt.Errorf("the executor of worker %q was given an attempt of worker %q", e.cfg.WorkerID, t.WorkerID)
+	}
+	if err := e.synced(ctx); err != nil {
+		if ctx.Err() != nil {
+			return worker.CancelledOutcome(ctx, time.Now()), nil
+		}
+		return nil, err
+	}
+
+	a := &attempt{e: e, t: t, req: req, name: jobName(t.JobID, t.Attempt),
+		stdout: worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)}
+	a.log = e.log.With("job_id", t.JobID, "attempt", t.Attempt, "k8s_job", a.name)
+	var unwatch func()
+	a.w, unwatch = e.watch(a.name)
+	defer unwatch()
+
+	var dir *workspace.Dir
+	subPath := ""
+	if e.cfg.SharedPVC != "" {
+		var err error
+		dir, err = workspace.Create(filepath.Join(e.cfg.SharedDir, labelValue(t.WorkerID)), t.JobID, t.Attempt, nil)
+		if err != nil {
+			return nil, fmt.Errorf("outputs folder on the shared volume: %w", err)
+		}
+		defer func() { _ = dir.Remove() }()
+		rel, err := filepath.Rel(e.cfg.SharedDir, dir.Outputs)
+		if err != nil {
+			return nil, fmt.Errorf("outputs folder on the shared volume: %w", err)
+		}
+		subPath = filepath.ToSlash(rel)
+	}
+
+	if err := a.submit(ctx, e.cfg.build(t, req, a.name, subPath)); err != nil {
+		if ctx.Err() != nil {
+			return worker.CancelledOutcome(ctx, time.Now()), nil
+		}
+		return nil, err
+	}
+	started := time.Now()
+	a.phase("Pending", "Created", fmt.Sprintf("Job %s/%s", e.cfg.Namespace, a.name))
+
+	v := a.wait(ctx)
+	a.phase(v.phase, v.reason, v.message())
+	a.readLogs()
+	out := &worker.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
+		StartedAt: started, Stdout: a.stdout.Tail()}
+	if dir != nil {
+		outputs, fail := dir.Collect(req.Outputs, e.cfg.Outputs)
+		out.Outputs = outputs
+		if out.Status == job.StatusSucceeded && fail != nil {
+			out.Status, out.Failure = job.StatusFailed, fail
+		}
+	}
+	out.FinishedAt = time.Now()
+	return out, nil
+}
+
+// attempt is one Run.
+type attempt struct {
+	e      *Executor
+	t      *worker.Task
+	req    *job.Request
+	name   string // of the Job and its Secret
+	log    *slog.Logger
+	w      *watcher
+	stdout *worker.Output
+
+	pod        *corev1.Pod // the newest pod seen, kept after it is deleted
+	reported   string      // the last phase reported
+	stuck      stuck
+	stuckSince time.Time
+	logs       *follower
+}
+
+// submit creates the Secret, then the Job, then makes the Job own the
+// Secret so that Kubernetes deletes it with the Job. The Secret comes first
+// so that the pod never waits for it.
+func (a *attempt) submit(ctx context.Context, s *spec) error {
+	ns := a.e.cfg.Namespace
+	secrets := a.e.client.CoreV1().Secrets(ns)
+	if s.secret != nil {
+		if _, err := secrets.Create(ctx, s.secret, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create Secret %s/%s: %w", ns, a.name, err)
+		}
+	}
+	j, err := a.e.client.BatchV1().Jobs(ns).Create(ctx, s.job, metav1.CreateOptions{})
+	if err != nil {
+		a.cleanup(ctx, s.secret != nil, false)
+		return fmt.Errorf("create Job %s/%s: %w", ns, a.name, err)
+	}
+	a.log.Info("job submitted")
+	if s.secret == nil {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"ownerReferences": []metav1.OwnerReference{*metav1.NewControllerRef(j, batchv1.SchemeGroupVersion.WithKind("Job"))},
+	}})
+	if err != nil {
+		return fmt.Errorf("owner of Secret %s/%s: %w", ns, a.name, err)
+	}
+	if _, err := secrets.Patch(ctx, a.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		a.cleanup(ctx, true, true)
+		return fmt.Errorf("make Job %s/%s own its Secret: %w", ns, a.name, err)
+	}
+	return nil
+}
+
+// cleanup deletes what a failed submit left.
+func (a *attempt) cleanup(ctx context.Context, secret, jobToo bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
+	ns := a.e.cfg.Namespace
+	if jobToo {
+		bg := metav1.DeletePropagationBackground
+		if err := a.e.client.BatchV1().Jobs(ns).Delete(ctx, a.name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil && !apierrors.IsNotFound(err) {
+			a.log.Error("could not delete the Job of a failed submit", "err", err)
+		}
+	}
+	if secret {
+		if err := a.e.client.CoreV1().Secrets(ns).Delete(ctx, a.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			a.log.Error("could not delete the Secret of a failed submit", "err", err)
+		}
+	}
+}
+
+// wait waits until the attempt ends: its Job completes or fails, its pod
+// stays stuck too long, it outlives its deadline, or ctx ends. It stops
+// whatever still runs before it returns.
+func (a *attempt) wait(ctx context.Context) *verdict {
+	timeout := a.req.Timeout.Std()
+	// Kubernetes enforces the timeout (activeDeadlineSeconds); this timer
+	// only catches a Job that it failed to stop.
+	overdue := time.NewTimer(timeout + a.e.cfg.DeadlineSlack)
+	defer overdue.Stop()
+	for {
+		v, recheck := a.check(ctx)
+		if v != nil {
+			if v.stop {
+				a.stop(ctx, v)
+			}
+			return v
+		}
+		var wake <-chan time.Time
+		if recheck > 0 {
+			wake = time.After(recheck)
+		}
+		select {
+		case <-a.w.changed:
+		case <-wake:
+		case <-overdue.C:
+			v := &verdict{status: job.StatusTimedOut, phase: "Failed", reason: "DeadlineExceeded",
+				failure: job.Failf(job.ClassTimeout, CodeJobOverdue, "ran longer than its timeout of %s, and Kubernetes had not stopped it %s later", timeout, a.e.cfg.DeadlineSlack)}
+			a.stop(ctx, v)
+			return v
+		case <-ctx.Done():
+			v := &verdict{status: job.StatusCancelled, phase: "Failed", reason: "Cancelled",
+				failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "%v", context.Cause(ctx))}
+			a.stop(ctx, v)
+			return v
+		}
+	}
+}
+
+// check looks at the Job and its pod in the cache, reports a phase change,
+// starts following the log once the container runs, and returns a verdict
+// once the attempt has ended. Otherwise it may ask to be called again after
+// recheck, when a stuck pod will have waited long enough.
+func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration) {
+	if a.w.jobGone.Load() {
+		// Someone else's doing; its pod may still be stopping.
+		return &verdict{status: job.StatusFailed, phase: "Failed", reason: "Deleted", stop: true,
+			failure: job.Failf(job.ClassInfrastructure, CodeJobDeleted, "Job %s/%s was deleted while it ran", a.e.cfg.Namespace, a.name)}, 0
+	}
+	j, err := a.e.jobs.Get(a.name)
+	if err != nil {
+		return nil, 0 // not in the cache yet
+	}
+	if pod := a.newestPod(); pod != nil {
+		a.pod = pod
+	}
+	timeout := a.req.Timeout.Std()
+	v = judge(j, a.pod, timeout)
+	if v != nil && v.failure != nil && v.failure.Code == CodePodFailed {
+		// The Job says its pod failed, but the pod in the cache does not
+		// say how yet: the two come through separate watches. Ask.
+		if pod := a.freshPod(ctx); pod != nil {
+			a.pod = pod
+			v = judge(j, pod, timeout)
+		}
+	}
+	if v != nil {
+		return v, 0
+	}
+
+	p := observe(a.pod)
+	a.phase(p.phase, p.reason, p.message)
+	if p.started {
+		a.follow(a.pod.Name)
+	}
+	now := time.Now()
+	if p.stuck != a.stuck {
+		a.stuck, a.stuckSince = p.stuck, now
+	}
+	if p.stuck == notStuck {
+		return nil, 0
+	}
+	bound := a.e.cfg.PendingWait
+	if p.stuck == stuckImage {
+		bound = a.e.cfg.ImagePullWait
+	}
+	waited := now.Sub(a.stuckSince)
+	if p.hopeless || waited >= bound {
+		v = stuckVerdict(p, waited)
+		v.stop = true
+		return v, 0
+	}
+	return nil, bound - waited
+}
+
+// stop deletes the Job in the foreground, which deletes its pod first, and
+// waits until both are gone, so that nothing of the attempt outlives Run.
+// It adds how that went to the verdict's failure.
+func (a *attempt) stop(ctx context.Context, v *verdict) {
+	how := a.delete(ctx)
+	if v.failure != nil {
+		v.failure.Message += "; " + how
+	}
+}
+
+func (a *attempt) delete(ctx context.Context) string {
+	wait := a.e.cfg.Grace + stopSlack
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	defer cancel()
+	fg := metav1.DeletePropagationForeground
+	err := a.e.client.BatchV1().Jobs(a.e.cfg.Namespace).Delete(ctx, a.name, metav1.DeleteOptions{PropagationPolicy: &fg})
+	if err != nil && !apierrors.IsNotFound(err) {
+		// Its activeDeadlineSeconds still bounds it.
+		a.log.Error("could not delete the Job", "err", err)
+		return fmt.Sprintf("the Job could not be deleted: %v", err)
+	}
+	// In the foreground, Kubernetes removes the Job only once its pod is
+	// gone; the pod's informer may lag behind the Job's.
+	for !a.w.jobGone.Load() || a.newestPod() != nil {
+		select {
+		case <-a.w.changed:
+		case <-ctx.Done():
+			a.log.Warn("the Job's pod was still stopping", "waited", wait)
+			return fmt.Sprintf("Job deleted; its pod was still stopping after %s", wait)
+		}
+	}
+	a.log.Info("job deleted")
+	return "Job and pod deleted"
+}
+
+// phase reports a change of the pod's phase or reason.
+func (a *attempt) phase(phase, reason, message string) {
+	key := phase + "/" + reason
+	if key == a.reported {
+		return
+	}
+	a.reported = key
+	if reason != "" {
+		message = reason + ": " + message
+	}
+	a.log.Debug("phase", "phase", phase, "message", message)
+	if a.t.Report != nil {
+		a.t.Report.Phase(phase, message)
+	}
+}
+
+// newestPod returns the Job's newest pod in the cache, or nil.
+func (a *attempt) newestPod() *corev1.Pod {
+	pods, err := a.e.pods.List(labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: a.name}))
+	if err != nil {
+		return nil
+	}
+	return newest(pods)
+}
+
+// freshPod reads the Job's newest pod from the API server.
+func (a *attempt) freshPod(ctx context.Context) *corev1.Pod {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
+	list, err := a.e.client.CoreV1().Pods(a.e.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: a.name}).String()})
+	if err != nil {
+		a.log.Warn("could not read the Job's pod", "err", err)
+		return nil
+	}
+	pods := make([]*corev1.Pod, len(list.Items))
+	for i := range list.Items {
+		pods[i] = &list.Items[i]
+	}
+	return newest(pods)
+}
+
+func newest(pods []*corev1.Pod) *corev1.Pod {
+	var n *corev1.Pod
+	for _, p := range pods {
+		if n == nil || n.CreationTimestamp.Before(&p.CreationTimestamp) {
+			n = p
+		}
+	}
+	return n
+}

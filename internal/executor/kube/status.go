@@ -1,0 +1,238 @@
+package kube
+
+import (
+	"fmt"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Failure codes of this executor, besides the fleet's own.
+const (
+	CodeOOMKilled     = "oom_killed"    // the container exceeded its memory limit
+	CodeImagePull     = "image_pull"    // the image could not be pulled
+	CodeUnschedulable = "unschedulable" // no node could take the pod
+	CodePodStuck      = "pod_stuck"     // the container could not be created
+	CodeEvicted       = "evicted"       // evicted or preempted
+	CodeNodeLost      = "node_lost"     // its node went away
+	CodePodFailed     = "pod_failed"    // the pod failed without an exit code
+	CodeJobDeleted    = "job_deleted"   // someone else deleted the Job
+	CodeJobOverdue    = "job_overdue"   // the Job outlived its deadline; the worker deleted it
+)
+
+// verdict is how an attempt ended.
+type verdict struct {
+	status   job.Status
+	exitCode *int
+	failure  *job.Failure
+	// phase and reason are the backend's last word, for the lifecycle.
+	phase, reason string
+	// stop: the Job still runs, and must be deleted.
+	stop bool
+}
+
+// message explains the verdict in a phase report.
+func (v *verdict) message() string {
+	if v.failure != nil {
+		return v.failure.Message
+	}
+	return "the Job completed"
+}
+
+// judge says how an attempt ended from its Job and its newest pod (nil when
+// none was seen), or returns nil while the Job has not ended. Kubernetes
+// marks a Job Complete or Failed only once its pods have stopped, so when
+// judge returns a verdict nothing of the attempt is running.
+func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
+	if c := jobCondition(j, batchv1.JobComplete); c != nil {
+		zero := 0
+		return &verdict{status: job.StatusSucceeded, exitCode: &zero, phase: "Succeeded", reason: "Completed"}
+	}
+	c := jobCondition(j, batchv1.JobFailed)
+	if c == nil {
+		return nil
+	}
+	if c.Reason == batchv1.JobReasonDeadlineExceeded {
+		return &verdict{status: job.StatusTimedOut, phase: "Failed", reason: c.Reason,
+			failure: job.Failf(job.ClassTimeout, job.CodeAttemptTimout,
+				"ran longer than its timeout of %s (activeDeadlineSeconds %d); Kubernetes stopped its pod", timeout, deadlineSeconds(timeout))}
+	}
+	if v := podFailure(pod); v != nil {
+		return v
+	}
+	return &verdict{status: job.StatusFailed, phase: "Failed", reason: c.Reason,
+		failure: job.Failf(job.ClassInfrastructure, CodePodFailed, "the Job failed: %s: %s", c.Reason, c.Message)}
+}
+
+// podFailure explains a failed pod: out of memory, disrupted (evicted,
+// preempted, its node lost), or exited with a code. It returns nil when the
+// pod says nothing.
+func podFailure(pod *corev1.Pod) *verdict {
+	if pod == nil {
+		return nil
+	}
+	failed := func(class job.FailureClass, code, reason string, exitCode *int, format string, args ...any) *verdict {
+		return &verdict{status: job.StatusFailed, exitCode: exitCode, phase: "Failed", reason: reason,
+			failure: job.Failf(class, code, format, args...)}
+	}
+	term := terminated(pod)
+	var exitCode *int
+	if term != nil {
+		code := int(term.ExitCode)
+		exitCode = &code
+	}
+	if term != nil && term.Reason == "OOMKilled" {
+		return failed(job.ClassOOM, CodeOOMKilled, term.Reason, exitCode,
+			"killed for exceeding its memory limit of %s (OOMKilled)", memoryLimit(pod))
+	}
+	if c := podCondition(pod, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
+		code := CodeEvicted
+		if c.Reason == "DeletionByTaintManager" || c.Reason == "DeletionByPodGC" {
+			code = CodeNodeLost // its node became unreachable or was removed
+		}
+		return failed(job.ClassInfrastructure, code, c.Reason, exitCode, "pod %s was disrupted: %s: %s", pod.Name, c.Reason, c.Message)
+	}
+	switch pod.Status.Reason {
+	case "":
+	case "Evicted":
+		return failed(job.ClassInfrastructure, CodeEvicted, pod.Status.Reason, exitCode, "pod %s was evicted: %s", pod.Name, pod.Status.Message)
+	case "NodeLost":
+		return failed(job.ClassInfrastructure, CodeNodeLost, pod.Status.Reason, exitCode, "pod %s lost its node: %s", pod.Name, pod.Status.Message)
+	default:
+		if term == nil {
+			return failed(job.ClassInfrastructure, CodePodFailed, pod.Status.Reason, nil, "pod %s failed: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+		}
+	}
+	if term != nil && term.ExitCode != 0 {
+		msg := fmt.Sprintf("exited with code %d", term.ExitCode)
+		if term.Message != "" {
+			msg += ": " + term.Message
+		}
+		return failed(job.ClassExecution, job.CodeExitCode, term.Reason, exitCode, "%s", msg)
+	}
+	return nil
+}
+
+// stuck says why a pod makes no progress.
+type stuck int
+
+const (
+	notStuck   stuck = iota
+	stuckImage       // its image cannot be pulled
+	stuckPod         // unschedulable, or its container cannot be created
+)
+
+// progress is what a running attempt's pod shows.
+type progress struct {
+	phase, reason, message string
+	// started: the container has started, so it has a log.
+	started bool
+	stuck   stuck
+	// hopeless: stuck for good, no wait will help.
+	hopeless bool
+}
+
+// Waiting reasons of a container whose image cannot be pulled.
+var imageReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "RegistryUnavailable": true, "SignatureValidationFailed": true,
+	// These never change by waiting.
+	"InvalidImageName": false, "ErrImageNeverPull": false,
+}
+
+// observe describes a pod that has not ended the attempt yet; pod is nil
+// before the Job controller has created it.
+func observe(pod *corev1.Pod) progress {
+	if pod == nil {
+		return progress{phase: "Pending", reason: "Created", message: "waiting for the Job's pod"}
+	}
+	p := progress{phase: string(pod.Status.Phase)}
+	if c := podCondition(pod, corev1.PodScheduled); c != nil && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+		p.reason, p.message, p.stuck = c.Reason, c.Message, stuckPod
+		return p
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name != ContainerName {
+			continue
+		}
+		switch {
+		case s.State.Running != nil:
+			p.started = true
+			p.message = fmt.Sprintf("pod %s on node %s", pod.Name, pod.Spec.NodeName)
+		case s.State.Terminated != nil:
+			p.started = true
+			p.reason = s.State.Terminated.Reason
+			p.message = fmt.Sprintf("pod %s: exit code %d", pod.Name, s.State.Terminated.ExitCode)
+		case s.State.Waiting != nil:
+			w := s.State.Waiting
+			p.reason, p.message = w.Reason, w.Message
+			if retry, ok := imageReasons[w.Reason]; ok {
+				p.stuck, p.hopeless = stuckImage, !retry
+			} else if w.Reason == "CreateContainerConfigError" || w.Reason == "CreateContainerError" {
+				p.stuck = stuckPod
+			}
+		}
+	}
+	if pod.DeletionTimestamp != nil && p.reason == "" {
+		p.reason = "Terminating"
+	}
+	return p
+}
+
+// stuckVerdict is the end of an attempt whose pod stayed stuck too long.
+func stuckVerdict(p progress, waited time.Duration) *verdict {
+	v := &verdict{status: job.StatusFailed, phase: p.phase, reason: p.reason}
+	waitedFor := ""
+	if !p.hopeless {
+		waitedFor = fmt.Sprintf(" for %s", waited.Round(time.Second))
+	}
+	switch {
+	case p.stuck == stuckImage:
+		v.failure = job.Failf(job.ClassImage, CodeImagePull, "the image could not be pulled%s: %s: %s", waitedFor, p.reason, p.message)
+	case p.reason == corev1.PodReasonUnschedulable:
+		v.failure = job.Failf(job.ClassInfrastructure, CodeUnschedulable, "the pod could not be scheduled%s: %s", waitedFor, p.message)
+	default:
+		v.failure = job.Failf(job.ClassInfrastructure, CodePodStuck, "the container could not be created%s: %s: %s", waitedFor, p.reason, p.message)
+	}
+	return v
+}
+
+func terminated(pod *corev1.Pod) *corev1.ContainerStateTerminated {
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == ContainerName {
+			return s.State.Terminated
+		}
+	}
+	return nil
+}
+
+func memoryLimit(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		if c.Name == ContainerName {
+			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				return q.String()
+			}
+		}
+	}
+	return "unknown"
+}
+
+func jobCondition(j *batchv1.Job, t batchv1.JobConditionType) *batchv1.JobCondition {
+	for i, c := range j.Status.Conditions {
+		if c.Type == t && c.Status == corev1.ConditionTrue {
+			return &j.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i, c := range pod.Status.Conditions {
+		if c.Type == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}

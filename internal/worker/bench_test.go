@@ -1,0 +1,91 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/executor/noop"
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// BenchmarkPullRunPublish measures a worker's hot path with the noop
+// executor: pull a job, record it running, publish its started event, its
+// result and final event, record it finished, acknowledge. Jobs are put on
+// the pool's subject directly, so the dispatcher's work is not counted.
+func BenchmarkPullRunPublish(b *testing.B) {
+	f := fleettest.Start(b)
+	nc := f.NATS.Connect(b)
+	js, _ := jetstream.New(nc)
+	results := make(chan struct{}, 1<<16)
+	sub, err := nc.Subscribe("fleet.results.>", func(*nats.Msg) { results <- struct{}{} })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	f.Worker(b, noop.Executor{}, worker.Config{Slots: 256, Backend: "noop"})
+	run := job.NewID()[12:]
+	b.ReportAllocs()
+	b.ResetTimer()
+	go func() {
+		for i := 0; i < b.N; i++ {
+			r := &job.Request{ID: fmt.Sprintf("w-%s-%d", run, i), Command: []string{"true"}}
+			r.Normalize()
+			m := nats.NewMsg("fleet.jobs.default")
+			m.Data, _ = json.Marshal(r)
+			m.Header.Set(queue.HeaderMsgID, r.ID)
+			m.Header.Set(queue.HeaderSubmittedAt, time.Now().UTC().Format(time.RFC3339Nano))
+			if _, err := js.PublishMsgAsync(m); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	}()
+	timeout := time.After(2 * time.Minute)
+	for i := 0; i < b.N; i++ {
+		select {
+		case <-results:
+		case <-timeout:
+			b.Fatalf("only %d of %d results", i, b.N)
+		}
+	}
+}
+
+// BenchmarkEventPublish measures publishing one lifecycle event with its
+// de-duplication id and waiting for JetStream to store it, many at once.
+func BenchmarkEventPublish(b *testing.B) {
+	f := fleettest.Start(b)
+	js, _ := jetstream.New(f.NATS.Connect(b), jetstream.WithPublishAsyncMaxPending(4096))
+	names := queue.Names{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	futures := make([]jetstream.PubAckFuture, 0, 1024)
+	for i := 0; i < b.N; i++ {
+		e := &job.Event{JobID: "bench", Attempt: 1, Type: job.EventStarted, Time: time.Now(), Pool: "default", WorkerID: "w"}
+		m, _ := names.EventMsg(e, i+1)
+		fut, err := js.PublishMsgAsync(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		futures = append(futures, fut)
+		if len(futures) == cap(futures) || i == b.N-1 {
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					b.Fatal(err)
+				}
+			}
+			futures = futures[:0]
+		}
+	}
+	_ = context.Background
+}
