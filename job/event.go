@@ -68,15 +68,15 @@ func (c FailureClass) Valid() bool {
 
 // Failure codes used by the fleet itself. Executors add their own.
 const (
-	CodeExitCode      = "exit_code"       // non-zero exit
-	CodeAttemptTimout = "attempt_timeout" // timeout of one attempt
-	CodeQueueTimeout  = "queue_timeout"   // queued longer than queue_timeout
-	CodeDeadline      = "deadline"        // the whole job exceeded its deadline
-	CodeWorkerLost    = "worker_lost"     // the worker stopped heartbeating mid-attempt
-	CodeCancelled     = "cancelled"
-	CodeInvalid       = "invalid_request"
-	CodeOutputMissing = "output_missing"
-	CodeOutputLarge   = "output_too_large"
+	CodeExitCode       = "exit_code"       // non-zero exit
+	CodeAttemptTimeout = "attempt_timeout" // timeout of one attempt
+	CodeQueueTimeout   = "queue_timeout"   // queued longer than queue_timeout
+	CodeDeadline       = "deadline"        // the whole job exceeded its deadline
+	CodeWorkerLost     = "worker_lost"     // the worker stopped heartbeating mid-attempt
+	CodeCancelled      = "cancelled"
+	CodeInvalid        = "invalid_request"
+	CodeOutputMissing  = "output_missing"
+	CodeOutputLarge    = "output_too_large"
 )
 
 // Failure describes why an attempt or a job failed. Message is for people;

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/embedded"
@@ -48,6 +49,9 @@ type flags struct {
 	maxRequest  int
 	memoryStore bool
 	pprof       bool
+	redisURL    string
+	admission   string
+	heartbeat   time.Duration
 }
 
 func run(args []string) error {
@@ -65,6 +69,10 @@ func run(args []string) error {
 	fs.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
+	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis holding the workers' heartbeats and slot leases (redis:// or rediss://; empty: no capacity)")
+	fs.StringVar(&f.admission, "admission", capacity.AdmitReject,
+		"a request no live worker of its pool could ever run: reject, queue (with a warning; for pools that scale from zero) or off")
+	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "the workers' heartbeat interval; the reaper looks this often")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
@@ -97,6 +105,29 @@ func run(args []string) error {
 		}
 		defer ns.Shutdown()
 		log.Info("embedded NATS server started", "url", ns.ClientURL(), "store", filepath.Join(dir, "jetstream"))
+		if f.redisURL != "" {
+			rs, err := embedded.StartRedis(f.redisURL)
+			if err != nil {
+				return err
+			}
+			defer rs.Close()
+			log.Info("embedded Redis-protocol store started", "addr", rs.Addr())
+		}
+	}
+
+	var caps *capacity.Store
+	var admission dispatcher.Admission
+	if f.redisURL != "" {
+		if caps, err = capacity.Open(f.redisURL, f.prefix); err != nil {
+			return err
+		}
+		defer caps.Close()
+		adm, err := capacity.NewAdmission(caps, f.admission, log)
+		if err != nil {
+			return err
+		}
+		go adm.Run(ctx)
+		admission = adm
 	}
 
 	cc, err := f.nats.Config("fleet-dispatcher", log)
@@ -112,8 +143,9 @@ func run(args []string) error {
 	d, err := dispatcher.New(nc, dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore},
-		Limits: job.Limits{MaxRequestBytes: f.maxRequest},
-		Logger: log,
+		Limits:    job.Limits{MaxRequestBytes: f.maxRequest},
+		Admission: admission,
+		Logger:    log,
 	})
 	if err != nil {
 		return err
@@ -126,6 +158,11 @@ func run(args []string) error {
 
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
+	if caps != nil {
+		api.Handle("GET /v1/capacity", caps.CapacityHandler())
+		api.Handle("GET /v1/workers", caps.WorkersHandler())
+		go capacity.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
+	}
 	if f.pprof {
 		api.Handle("/debug/pprof/", http.DefaultServeMux)
 	}

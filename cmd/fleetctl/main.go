@@ -97,6 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	}
+	e.token = os.Getenv("FLEET_API_TOKEN")
 	if e.output != "text" && e.output != "json" {
 		fmt.Fprintf(stderr, "fleetctl: -o %q: use text or json\n", e.output)
 		return exitUsage
@@ -176,6 +177,7 @@ type env struct {
 	prefix         string
 	output         string
 	httpAddr       string
+	token          string
 
 	nc *nats.Conn
 	c  *client.Client

@@ -12,14 +12,19 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	_ "net/http/pprof" // served only with --pprof
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/cli"
+	"github.com/fleet-dev/fleet/internal/executor/docker"
+	"github.com/fleet-dev/fleet/internal/executor/kube"
 	"github.com/fleet-dev/fleet/internal/executor/noop"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -27,6 +32,8 @@ import (
 	"github.com/fleet-dev/fleet/internal/version"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
+	"github.com/fleet-dev/fleet/job"
+	"k8s.io/klog/v2"
 )
 
 func main() {
@@ -52,6 +59,26 @@ type flags struct {
 	metricsAddr  string
 	maxOutput    int64
 	pprof        bool
+	redisURL     string
+	heartbeat    time.Duration
+	cpu, memory  string
+	gpus         int
+	labels       string
+	// docker
+	allowedImages string
+	dockerHost    string
+	dockerNetwork string
+	dockerUser    string
+	// kubernetes
+	kubeconfig       string
+	namespace        string
+	cpuLimitRatio    float64
+	memoryLimitRatio float64
+	imagePullWait    time.Duration
+	pendingWait      time.Duration
+	jobTTL           time.Duration
+	sharedPVC        string
+	sharedDir        string
 }
 
 func run(args []string) error {
@@ -72,6 +99,25 @@ func run(args []string) error {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
 	fs.Int64Var(&f.maxOutput, "max-output-bytes", 512<<10, "largest total size of an attempt's declared outputs")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
+	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for heartbeats and slot leases (redis:// or rediss://; empty: none)")
+	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "how often the worker reports its capacity; it is forgotten after three intervals")
+	fs.StringVar(&f.cpu, "cpu", "", "CPU the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
+	fs.StringVar(&f.memory, "memory", "", "memory the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
+	fs.IntVar(&f.gpus, "gpus", 0, "GPUs the worker may hand out (default: what the backend has)")
+	fs.StringVar(&f.labels, "labels", "", "labels of the worker in heartbeats: k=v,k2=v2")
+	fs.StringVar(&f.allowedImages, "allowed-images", "", "docker: comma-separated image prefixes jobs may use (default: any)")
+	fs.StringVar(&f.dockerHost, "docker-host", "", "docker: the daemon's address (default: DOCKER_HOST, else the local socket)")
+	fs.StringVar(&f.dockerNetwork, "docker-network", "", "docker: the network containers join (default: the daemon's bridge; host is refused)")
+	fs.StringVar(&f.dockerUser, "docker-user", "", "docker: the user of containers whose image runs as root or names none (default 65534:65534)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubernetes: kubeconfig file (default: KUBECONFIG, ~/.kube/config, else in-cluster)")
+	fs.StringVar(&f.namespace, "namespace", "", "kubernetes: the namespace of the Jobs (default: the kubeconfig's, or the pod's own)")
+	fs.Float64Var(&f.cpuLimitRatio, "cpu-limit-ratio", 2, "kubernetes: CPU limit as a multiple of the request")
+	fs.Float64Var(&f.memoryLimitRatio, "memory-limit-ratio", 1.5, "kubernetes: memory limit as a multiple of the request")
+	fs.DurationVar(&f.imagePullWait, "image-pull-wait", 2*time.Minute, "kubernetes: how long a pod may fail to pull its image before the attempt fails (class image)")
+	fs.DurationVar(&f.pendingWait, "pending-wait", 5*time.Minute, "kubernetes: how long a pod may stay unschedulable before the attempt fails (class infrastructure)")
+	fs.DurationVar(&f.jobTTL, "job-ttl", 10*time.Minute, "kubernetes: ttlSecondsAfterFinished of the Jobs")
+	fs.StringVar(&f.sharedPVC, "shared-pvc", "", "kubernetes: a PersistentVolumeClaim the worker also mounts, through which outputs are collected")
+	fs.StringVar(&f.sharedDir, "shared-dir", "", "kubernetes: where the worker mounts --shared-pvc")
 	fs.Usage = cli.Usage(fs, "usage: worker [flags]")
 	if err := cli.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -92,10 +138,14 @@ func run(args []string) error {
 	}
 	defer func() { _ = tel.Shutdown(context.Background()) }()
 
-	exec, err := newExecutor(&f)
+	if f.id == "" {
+		f.id = worker.Config{}.WithDefaults().ID
+	}
+	exec, closeExec, err := newExecutor(ctx, &f, log)
 	if err != nil {
 		return err
 	}
+	defer closeExec()
 	cc, err := f.nats.Config("fleet-worker", log)
 	if err != nil {
 		return err
@@ -106,16 +156,36 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
-	w, err := worker.New(nc, exec, worker.Config{
+	cfg := worker.Config{
 		ID: f.id, Pool: f.pool, Slots: f.slots, Backend: f.executor,
 		Queue:  queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
 		Logger: log,
-	})
-	if err != nil {
+	}.WithDefaults()
+	var w *worker.Worker
+	var reporter *capacity.Reporter
+	if f.redisURL != "" {
+		rc, err := reporterConfig(&f, cfg, exec)
+		if err != nil {
+			return err
+		}
+		rc.Draining = func() bool { return w != nil && w.Draining() }
+		rc.Logger = log
+		caps, err := capacity.Open(f.redisURL, f.prefix)
+		if err != nil {
+			return err
+		}
+		defer caps.Close()
+		reporter = capacity.NewReporter(caps, rc)
+		cfg.Capacity = reporter
+	}
+	if w, err = worker.New(nc, exec, cfg); err != nil {
 		return err
 	}
 	setup, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if reporter != nil {
+		reporter.Start(setup)
+	}
 	if err := w.Start(setup); err != nil {
 		return err
 	}
@@ -152,23 +222,106 @@ func run(args []string) error {
 		dcancel()
 	}()
 	_ = w.Stop(dctx)
+	if reporter != nil {
+		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Second)
+		reporter.Stop(rctx)
+		rcancel()
+	}
 	_ = nc.Drain()
 	return nil
 }
 
-func newExecutor(f *flags) (worker.Executor, error) {
+// reporterConfig turns the capacity flags into the Reporter's config.
+func reporterConfig(f *flags, cfg worker.Config, exec worker.Executor) (capacity.ReporterConfig, error) {
+	rc := capacity.ReporterConfig{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
+		Slots: cfg.Slots, GPUs: f.gpus, Interval: f.heartbeat}
+	if p, ok := exec.(worker.CapacityReporter); ok {
+		rc.Platform = p
+	}
+	if f.cpu != "" {
+		v, err := job.ParseCPU(f.cpu)
+		if err != nil {
+			return rc, fmt.Errorf("--cpu: %w", err)
+		}
+		rc.CPUMilli = &v
+	}
+	if f.memory != "" {
+		v, err := job.ParseMemory(f.memory)
+		if err != nil {
+			return rc, fmt.Errorf("--memory: %w", err)
+		}
+		rc.MemoryBytes = &v
+	}
+	if f.labels != "" {
+		rc.Labels = map[string]string{}
+		for _, kv := range strings.Split(f.labels, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return rc, fmt.Errorf("--labels: %q is not k=v", kv)
+			}
+			if err := job.ValidateLabel(k, v); err != nil {
+				return rc, fmt.Errorf("--labels: %w", err)
+			}
+			rc.Labels[k] = v
+		}
+	}
+	return rc, nil
+}
+
+func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (worker.Executor, func(), error) {
+	nothing := func() {}
+	attempts, err := filepath.Abs(filepath.Join(f.dataDir, "attempts"))
+	if err != nil {
+		return nil, nothing, err
+	}
+	outputs := workspace.Limits{MaxOutputBytes: f.maxOutput}
 	switch f.executor {
 	case "process":
-		dir, err := filepath.Abs(filepath.Join(f.dataDir, "attempts"))
-		if err != nil {
-			return nil, err
-		}
-		return process.New(process.Config{Dir: dir, Grace: f.grace, KeepFailed: f.keepFailed,
-			Outputs: workspace.Limits{MaxOutputBytes: f.maxOutput}})
+		e, err := process.New(process.Config{Dir: attempts, Grace: f.grace, KeepFailed: f.keepFailed, Outputs: outputs})
+		return e, nothing, err
 	case "noop":
-		return noop.Executor{}, nil
-	case "docker", "kubernetes":
-		return nil, fmt.Errorf("--executor %s is not built yet", f.executor)
+		return noop.Executor{}, nothing, nil
+	case "docker":
+		e, err := docker.New(docker.Config{Host: f.dockerHost, Dir: attempts, AllowedImages: splitList(f.allowedImages),
+			Network: f.dockerNetwork, User: f.dockerUser, GPUs: f.gpus, Grace: f.grace, KeepFailed: f.keepFailed,
+			Outputs: outputs, Logger: log})
+		if err != nil {
+			return nil, nothing, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := e.Ping(pctx); err != nil {
+			_ = e.Close()
+			return nil, nothing, fmt.Errorf("docker daemon: %w", err)
+		}
+		return e, func() { _ = e.Close() }, nil
+	case "kubernetes":
+		klog.SetSlogLogger(log.With("component", "client-go"))
+		client, ns, err := kube.NewClient(f.kubeconfig)
+		if err != nil {
+			return nil, nothing, err
+		}
+		if f.namespace != "" {
+			ns = f.namespace
+		}
+		e, err := kube.New(kube.Config{Client: client, Namespace: ns, WorkerID: f.id,
+			CPULimitRatio: f.cpuLimitRatio, MemoryLimitRatio: f.memoryLimitRatio,
+			ImagePullWait: f.imagePullWait, PendingWait: f.pendingWait, Grace: f.grace, TTLAfterFinished: f.jobTTL,
+			SharedPVC: f.sharedPVC, SharedDir: f.sharedDir, Outputs: outputs, Logger: log})
+		if err != nil {
+			return nil, nothing, err
+		}
+		return e, func() { _ = e.Close() }, nil
 	}
-	return nil, fmt.Errorf("--executor %q: use process, docker, kubernetes or noop", f.executor)
+	return nil, nothing, fmt.Errorf("--executor %q: use process, docker, kubernetes or noop", f.executor)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

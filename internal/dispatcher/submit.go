@@ -232,3 +232,15 @@ func lenientID(data []byte) string {
 	}
 	return ""
 }
+
+// Announce publishes an event about a job on its events subject and waits
+// until it is stored; the reaper uses it for jobs of lost workers.
+func (d *Dispatcher) Announce(ctx context.Context, e *job.Event) error {
+	m, err := d.names.EventMsg(e, 0)
+	if err != nil {
+		return err
+	}
+	m.Header.Set(queue.HeaderMsgID, fmt.Sprintf("%s/%d/%s", e.JobID, e.Attempt, e.Phase))
+	_, err = d.js.PublishMsg(ctx, m)
+	return err
+}

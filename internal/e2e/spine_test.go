@@ -301,7 +301,7 @@ func TestBadRequestsAreRejectedWithAReason(t *testing.T) {
 
 func TestKilledWorkerLosesNoJob(t *testing.T) {
 	f := fleettest.Start(t)
-	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_REDIS_URL="}
 	first := fleettest.StartProc(t, "worker", env, "--id", "doomed", "--slots", "2", "--ack-wait", "2s")
 	first.WaitOutput(t, "worker started", 20*time.Second)
 
@@ -335,7 +335,7 @@ func TestDispatcherRestartLosesNothingAccepted(t *testing.T) {
 	if err := f.Dispatcher.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_HTTP_ADDR=127.0.0.1:0", "FLEET_ACK_WAIT=2s"}
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_HTTP_ADDR=127.0.0.1:0", "FLEET_ACK_WAIT=2s", "FLEET_REDIS_URL="}
 	d := fleettest.StartProc(t, "dispatcher", env)
 	d.WaitOutput(t, "dispatcher ready", 20*time.Second)
 	nc := f.NATS.Connect(t)

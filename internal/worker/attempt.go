@@ -53,6 +53,7 @@ type attempt struct {
 // acknowledged, handed back, scheduled again, or left for redelivery.
 func (w *Worker) handle(msg jetstream.Msg) {
 	defer w.attempts.Done()
+	defer w.ended.fire()
 	defer w.slots.release(1)
 	a := &attempt{w: w, msg: msg, log: w.log}
 	if err := a.handle(); err != nil {
@@ -118,6 +119,10 @@ func (a *attempt) handle() error {
 	defer a.span.End()
 	a.ctx = trace.ContextWithSpan(a.ctx, a.span)
 
+	if w.Draining() {
+		// Arrived on a fetch that was open when the worker began to stop.
+		return a.handBack(ctx, "worker "+w.cfg.ID+" is shutting down")
+	}
 	if done, err := a.checkBeforeRun(ctx); done || err != nil {
 		return err
 	}

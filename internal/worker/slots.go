@@ -52,12 +52,6 @@ func (s *slots) release(n int) {
 	s.mu.Unlock()
 }
 
-func (s *slots) used() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.total - s.free
-}
-
 // tryAcquire takes up to max free slots without waiting.
 func (s *slots) tryAcquire(max int) (int, error) {
 	s.mu.Lock()
@@ -65,4 +59,29 @@ func (s *slots) tryAcquire(max int) (int, error) {
 	n := min(s.free, max)
 	s.free -= n
 	return n, nil
+}
+
+// signal wakes every waiter each time it fires.
+type signal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next fire.
+func (s *signal) wait() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
+}
+
+func (s *signal) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
 }

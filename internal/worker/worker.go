@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,8 +43,9 @@ type Config struct {
 	Queue queue.Config
 	// Limits are the request limits, checked again when a job is decoded.
 	Limits job.Limits
-	// FetchWait is how long one pull request waits for messages.
-	// Defaults to 5 seconds.
+	// FetchWait is how long one pull request waits for messages, and so
+	// how long a stopping worker waits for its open requests.
+	// Defaults to 2 seconds.
 	FetchWait time.Duration
 	// Progress is how often a running attempt tells JetStream it is alive
 	// and publishes a heartbeat event. Defaults to a third of the ack wait.
@@ -77,6 +79,12 @@ type Reservation struct {
 	StartedAt   time.Time
 }
 
+// Room is implemented by a Capacity that knows how many more jobs of the
+// default size the worker's resources hold; the worker pulls no more.
+type Room interface {
+	Room() int
+}
+
 // ErrNoCapacity says the worker cannot take an attempt now.
 var ErrNoCapacity = errors.New("no capacity for this attempt")
 
@@ -94,7 +102,7 @@ func (c Config) WithDefaults() Config {
 	}
 	c.Queue = c.Queue.WithDefaults()
 	if c.FetchWait <= 0 {
-		c.FetchWait = 5 * time.Second
+		c.FetchWait = 2 * time.Second
 	}
 	if c.Progress <= 0 {
 		c.Progress = c.Queue.AckWait / 3
@@ -133,6 +141,7 @@ type Worker struct {
 	names queue.Names
 	log   *slog.Logger
 	slots *slots
+	ended signal // fires when an attempt ends
 	store *queue.Store
 	cons  jetstream.Consumer
 	cubs  *nats.Subscription
@@ -147,6 +156,7 @@ type Worker struct {
 	mu         sync.Mutex
 	running    map[string]*attempt
 	drainStart time.Time
+	draining   atomic.Bool
 }
 
 // New returns a Worker; Start starts it.
@@ -214,9 +224,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 	n := len(w.running)
 	w.mu.Unlock()
 	w.log.Info("draining", "running", n)
+	w.draining.Store(true)
 	w.stopPull()
 	done := make(chan struct{})
-	go func() { w.attempts.Wait(); w.pulling.Wait(); close(done) }()
+	// Open fetches end within FetchWait; what they still bring is handed
+	// back. Only they start attempts, so attempts are waited for after.
+	go func() { w.pulling.Wait(); w.attempts.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -244,7 +257,7 @@ func (w *Worker) Running() int {
 }
 
 // Draining reports whether Stop has been called.
-func (w *Worker) Draining() bool { return w.pullCtx != nil && w.pullCtx.Err() != nil }
+func (w *Worker) Draining() bool { return w.draining.Load() }
 
 // Snapshot lists the attempts running now, for heartbeats.
 func (w *Worker) Snapshot() []job.RunningAttempt {
@@ -278,6 +291,21 @@ func (w *Worker) pull() {
 			time.Sleep(200 * time.Microsecond)
 			if more, _ := w.slots.tryAcquire(maxBatch - n); more > 0 {
 				n += more
+			}
+		}
+		// Resources may be shorter than slots: ask only for what fits.
+		if r, ok := w.cfg.Capacity.(Room); ok {
+			if room := r.Room(); room < n {
+				ended := w.ended.wait()
+				w.slots.release(n - room)
+				if n = room; n == 0 {
+					select {
+					case <-ended:
+					case <-w.pullCtx.Done():
+						return
+					}
+					continue
+				}
 			}
 		}
 		batch, err := w.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))

@@ -8,10 +8,13 @@
 // (read-only), /fleet/outputs and /fleet/work; the declared outputs are
 // read back after the run. Resources become cgroup limits: a CFS quota for
 // the CPU, a memory limit without swap, a pids limit, NVIDIA device requests
-// for GPUs. Every container is hardened: not privileged, all capabilities
-// dropped, no-new-privileges, only the workspace mounted, the daemon's
-// bridge network (never the host's), and a non-root user unless the image
-// names one of its own.
+// for GPUs. Its environment is the image's, then FLEET_INPUTS,
+// FLEET_OUTPUTS, FLEET_WORK (the container paths), FLEET_JOB_ID,
+// FLEET_ATTEMPT and FLEET_POOL, as on the process executor, then the
+// request's env, whose values the executor never logs. Every container is
+// hardened: not privileged, all capabilities dropped, no-new-privileges,
+// nothing of the host mounted but the workspace, a bridge network (never
+// the host's), and a non-root user unless the image names one of its own.
 //
 // A timeout or a cancel sends SIGTERM, then SIGKILL after the grace
 // period. Containers are removed after the attempt, unless it failed and
@@ -22,7 +25,7 @@
 // host. A worker that runs in a container itself, with the Docker socket
 // mounted, must see Config.Dir at the same path as the host does: mount
 // the host folder at the same path, e.g. -v /var/lib/fleet:/var/lib/fleet
-// with --workspace-dir /var/lib/fleet.
+// for a worker started with --data-dir /var/lib/fleet.
 package docker
 
 import (
@@ -218,7 +221,11 @@ const (
 	CodeContainerLost     = "container_lost"     // the daemon lost it, or us (infrastructure)
 )
 
-// Run runs one attempt in a container.
+// Run runs one attempt in a container. Before the container starts, an
+// image that is missing or cannot be pulled is returned as a ClassImage
+// failure, a daemon error as an error (infrastructure). Once it has
+// started, the Outcome says how the attempt ended; the container is gone
+// when Run returns, unless KeepFailed keeps it.
 func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome, err error) {
 	req := t.Request
 	if err := e.Validate(req); err != nil {
@@ -294,7 +301,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	case x = <-exited:
 	case <-timer.C:
 		how := e.terminate(bg, id, exited, &x)
-		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimout, "ran longer than its timeout of %s; %s", req.Timeout, how)
+		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimeout, "ran longer than its timeout of %s; %s", req.Timeout, how)
 	case <-ctx.Done():
 		how := e.terminate(bg, id, exited, &x)
 		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)

@@ -274,7 +274,7 @@ func TestTimeoutStopsTheContainer(t *testing.T) {
 				t.Errorf("took %s", took)
 			}
 			if out.Status != job.StatusTimedOut || out.Failure == nil || out.Failure.Class != job.ClassTimeout ||
-				out.Failure.Code != job.CodeAttemptTimout {
+				out.Failure.Code != job.CodeAttemptTimeout {
 				t.Fatalf("status %s, failure %+v", out.Status, out.Failure)
 			}
 			if want := "ran longer than its timeout of 1s; " + tc.how; out.Failure.Message != want {

@@ -189,17 +189,36 @@ func TestKubeCancel(t *testing.T) {
 
 func TestKubeImagePull(t *testing.T) {
 	t.Parallel()
-	c := start(t, nil, nil)
-	out := c.mustRun(t, context.Background(), request(func(r *job.Request) { r.Image = "registry.example/" + kubetest.MissingImageMarker + ":1" }))
-	equal(t, "outcome", describe(out), "failed image/image_pull")
-	if d := out.FinishedAt.Sub(out.StartedAt); d < 2*time.Second {
-		t.Errorf("gave up on the image after %s, want the configured 2s", d)
-	}
-	if !strings.Contains(out.Failure.Message, "ErrImagePull") && !strings.Contains(out.Failure.Message, "ImagePullBackOff") {
-		t.Errorf("message %q does not say why", out.Failure.Message)
-	}
-	if jobs, pods := c.left(t); jobs != 0 || pods != 0 {
-		t.Errorf("%d Jobs and %d pods left", jobs, pods)
+	for _, tc := range []struct {
+		name          string
+		pullWait      time.Duration
+		timeout       time.Duration
+		want, message string
+		// The executor deletes a Job it gives up on; a Job that failed
+		// at its deadline stays until its TTL.
+		jobsLeft int
+	}{
+		{"after the bounded wait", 2 * time.Second, time.Minute, "failed image/image_pull", "the image could not be pulled for 2s", 0},
+		{"at the deadline", time.Minute, 2 * time.Second, "failed image/image_pull", "the image could not be pulled: ", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := start(t, nil, func(c *Config) { c.ImagePullWait = tc.pullWait })
+			out := c.mustRun(t, context.Background(), request(func(r *job.Request) {
+				r.Image = "registry.example/" + kubetest.MissingImageMarker + ":1"
+				timeout(tc.timeout)(r)
+			}))
+			equal(t, "outcome", describe(out), tc.want)
+			if d := out.FinishedAt.Sub(out.StartedAt); d < 2*time.Second {
+				t.Errorf("gave up on the image after %s, want 2s", d)
+			}
+			if !strings.HasPrefix(out.Failure.Message, tc.message) || !strings.Contains(out.Failure.Message, "ImagePull") {
+				t.Errorf("message %q does not say why", out.Failure.Message)
+			}
+			if jobs, pods := c.left(t); jobs != tc.jobsLeft || pods != 0 {
+				t.Errorf("%d Jobs and %d pods left, want %d and none", jobs, pods, tc.jobsLeft)
+			}
+		})
 	}
 }
 
@@ -254,7 +273,9 @@ func (c *cluster) sharedVolume(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.env.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.env.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
 	_, err = c.env.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "fleet-shared"},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: rwx, StorageClassName: new("manual"),

@@ -61,9 +61,9 @@ func (a *attempt) follow(pod string) {
 }
 
 // readLogs finishes reading the log once the attempt has ended: it lets a
-// followed stream drain, or reads the log of a container that started and
-// ended between two looks.
-func (a *attempt) readLogs() {
+// followed stream drain or, when the container ran (the verdict has its
+// exit code) between two looks, reads its log once.
+func (a *attempt) readLogs(ctx context.Context, v *verdict) {
 	defer a.stdout.Close()
 	if a.logs != nil {
 		select {
@@ -74,12 +74,19 @@ func (a *attempt) readLogs() {
 		}
 		return
 	}
-	if a.pod == nil || !observe(a.pod).started {
-		return // it never ran: no log
+	if v.exitCode == nil {
+		return // it never ran, or it was stopped with its pod
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	pod := a.pod
+	if pod == nil || !observe(pod).started {
+		pod = a.freshPod(ctx) // the cache lags
+	}
+	if pod == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
 	defer cancel()
-	if _, err := a.copyLog(ctx, a.pod.Name, false); err != nil {
+	if _, err := a.copyLog(ctx, pod.Name, false); err != nil {
 		a.log.Warn("could not read the log", "err", err)
 	}
 }

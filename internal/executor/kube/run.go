@@ -79,7 +79,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 
 	v := a.wait(ctx)
 	a.phase(v.phase, v.reason, v.message())
-	a.readLogs()
+	a.readLogs(ctx, v)
 	out := &worker.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
 		StartedAt: started, Stdout: a.stdout.Tail()}
 	if dir != nil {

@@ -3,6 +3,7 @@ package kube
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"path"
 	"slices"
@@ -85,25 +86,19 @@ func ownerLabels(workerID string) map[string]string {
 // contract. subPath is the attempt's outputs folder on the shared volume,
 // empty without one. The request must be valid and normalized.
 func (c *Config) build(t *worker.Task, req *job.Request, name, subPath string) *spec {
-	labels := make(map[string]string, len(req.Labels)+6)
-	for k, v := range req.Labels {
-		labels[k] = v
+	labels := maps.Clone(req.Labels)
+	if labels == nil {
+		labels = map[string]string{}
 	}
-	for k, v := range ownerLabels(t.WorkerID) {
-		labels[k] = v
-	}
+	maps.Copy(labels, ownerLabels(t.WorkerID))
 	labels[LabelName] = "fleet"
 	labels[LabelJobID] = labelValue(t.JobID)
 	labels[LabelAttempt] = strconv.Itoa(t.Attempt)
 	labels[LabelPool] = labelValue(t.Pool)
 	ids := map[string]string{AnnotationJobID: t.JobID, AnnotationWorkerID: t.WorkerID}
 	podAnnotations := make(map[string]string, len(c.PodAnnotations)+len(ids))
-	for k, v := range c.PodAnnotations {
-		podAnnotations[k] = v
-	}
-	for k, v := range ids {
-		podAnnotations[k] = v
-	}
+	maps.Copy(podAnnotations, c.PodAnnotations)
+	maps.Copy(podAnnotations, ids)
 
 	s := &spec{}
 	env := []corev1.EnvVar{

@@ -56,8 +56,12 @@ func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
 		return nil
 	}
 	if c.Reason == batchv1.JobReasonDeadlineExceeded {
+		// A pod that never got to run failed for a reason of its own.
+		if p := observe(pod); pod != nil && p.stuck != notStuck {
+			return stuckVerdict(p, 0)
+		}
 		return &verdict{status: job.StatusTimedOut, phase: "Failed", reason: c.Reason,
-			failure: job.Failf(job.ClassTimeout, job.CodeAttemptTimout,
+			failure: job.Failf(job.ClassTimeout, job.CodeAttemptTimeout,
 				"ran longer than its timeout of %s (activeDeadlineSeconds %d); Kubernetes stopped its pod", timeout, deadlineSeconds(timeout))}
 	}
 	if v := podFailure(pod); v != nil {
@@ -181,11 +185,12 @@ func observe(pod *corev1.Pod) progress {
 	return p
 }
 
-// stuckVerdict is the end of an attempt whose pod stayed stuck too long.
+// stuckVerdict is the end of an attempt whose pod stayed stuck too long,
+// for waited when it is known.
 func stuckVerdict(p progress, waited time.Duration) *verdict {
 	v := &verdict{status: job.StatusFailed, phase: p.phase, reason: p.reason}
 	waitedFor := ""
-	if !p.hopeless {
+	if waited > 0 {
 		waitedFor = fmt.Sprintf(" for %s", waited.Round(time.Second))
 	}
 	switch {

@@ -134,7 +134,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	case waitErr = <-exited:
 	case <-timer.C:
 		how := e.terminate(pgid, exited, &waitErr)
-		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimout, "ran longer than its timeout of %s; %s", req.Timeout, how)
+		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimeout, "ran longer than its timeout of %s; %s", req.Timeout, how)
 	case <-ctx.Done():
 		how := e.terminate(pgid, exited, &waitErr)
 		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)

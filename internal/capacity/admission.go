@@ -1,0 +1,173 @@
+package capacity
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Admission modes.
+const (
+	// AdmitReject refuses a request no live worker of its pool could ever
+	// run. The default.
+	AdmitReject = "reject"
+	// AdmitQueue accepts it with a warning: a worker that fits may come
+	// (autoscaling from zero).
+	AdmitQueue = "queue"
+	// AdmitOff does not look at capacity.
+	AdmitOff = "off"
+)
+
+// Admission checks requests at submit against what the live workers of
+// their pool could ever hold: their totals, not what is free now. It reads
+// a view of the pools that it refreshes every second, so a submission
+// costs no Redis round trip. When Redis is away it lets requests through.
+type Admission struct {
+	s    *Store
+	mode string
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	pools   map[string]*poolView
+	fresh   time.Time
+	lastErr error
+}
+
+type poolView struct {
+	workers    int
+	maxCPU     int64 // largest known total; meaningful only if !cpuUnknown
+	maxMem     int64
+	maxGPU     int
+	cpuUnknown bool // some worker does not know its CPU: it might fit anything
+	memUnknown bool
+	backends   map[string]bool
+}
+
+// NewAdmission returns an Admission in mode (AdmitReject, AdmitQueue or
+// AdmitOff).
+func NewAdmission(s *Store, mode string, log *slog.Logger) (*Admission, error) {
+	switch mode {
+	case AdmitReject, AdmitQueue, AdmitOff:
+	default:
+		return nil, fmt.Errorf("admission mode %q: use reject, queue or off", mode)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}, nil
+}
+
+// Run refreshes the view every second until ctx ends.
+func (a *Admission) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		a.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Admission) refresh(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	hbs, err := a.s.Workers(cctx, "")
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		if a.lastErr == nil {
+			a.log.Warn("cannot read capacity; admitting every request until Redis answers", "err", err)
+		}
+		a.lastErr = err
+		return
+	}
+	a.lastErr = nil
+	a.pools = view(hbs)
+	a.fresh = time.Now()
+}
+
+func view(hbs []*job.Heartbeat) map[string]*poolView {
+	pools := map[string]*poolView{}
+	for _, hb := range hbs {
+		if hb.Health == job.HealthUnhealthy {
+			continue
+		}
+		p := pools[hb.Pool]
+		if p == nil {
+			p = &poolView{backends: map[string]bool{}}
+			pools[hb.Pool] = p
+		}
+		p.workers++
+		p.backends[hb.Backend] = true
+		if hb.CPUMilli.Total == nil {
+			p.cpuUnknown = true
+		} else {
+			p.maxCPU = max(p.maxCPU, *hb.CPUMilli.Total)
+		}
+		if hb.MemoryBytes.Total == nil {
+			p.memUnknown = true
+		} else {
+			p.maxMem = max(p.maxMem, *hb.MemoryBytes.Total)
+		}
+		p.maxGPU = max(p.maxGPU, hb.GPUs.Total)
+	}
+	return pools
+}
+
+// Admit implements dispatcher.Admission.
+func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
+	if a.mode == AdmitOff {
+		return "", nil
+	}
+	a.mu.Lock()
+	p, known := a.pools[r.Pool], !a.fresh.IsZero() && time.Since(a.fresh) < 10*time.Second
+	a.mu.Unlock()
+	if !known {
+		return "capacity is unknown (Redis unreachable): the request was not checked against the pool", nil
+	}
+	problem := judge(r, p)
+	switch {
+	case problem == "":
+		return "", nil
+	case a.mode == AdmitQueue:
+		return problem + "; queued anyway (admission=queue)", nil
+	}
+	return "", fmt.Errorf("%s", problem)
+}
+
+// judge says why no live worker of the pool could ever run r, or "".
+func judge(r *job.Request, p *poolView) string {
+	if p == nil || p.workers == 0 {
+		return fmt.Sprintf("pool %q has no live worker", r.Pool)
+	}
+	cpu, mem := r.Resources.CPUMilli(), r.Resources.MemoryBytes()
+	var lacks []string
+	if !p.cpuUnknown && cpu > p.maxCPU {
+		lacks = append(lacks, fmt.Sprintf("%s CPU (the largest worker has %s)", job.FormatCPU(cpu), job.FormatCPU(p.maxCPU)))
+	}
+	if !p.memUnknown && mem > p.maxMem {
+		lacks = append(lacks, fmt.Sprintf("%s memory (the largest worker has %s)", job.FormatMemory(mem), job.FormatMemory(p.maxMem)))
+	}
+	if r.Resources.GPU > p.maxGPU {
+		lacks = append(lacks, fmt.Sprintf("%d GPUs (the largest worker has %d)", r.Resources.GPU, p.maxGPU))
+	}
+	if len(lacks) > 0 {
+		return fmt.Sprintf("no worker of pool %q could ever run it: it needs %s", r.Pool, strings.Join(lacks, " and "))
+	}
+	containers := p.backends["docker"] || p.backends["kubernetes"]
+	if r.Image == "" && containers && !p.backends["process"] && !p.backends["noop"] {
+		return fmt.Sprintf("pool %q runs containers: the request needs an image", r.Pool)
+	}
+	if len(r.Command) == 0 && p.backends["process"] && len(p.backends) == 1 {
+		return fmt.Sprintf("pool %q runs processes: the request needs a command", r.Pool)
+	}
+	return ""
+}

@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/job"
+)
+
+func openCapacity(t *testing.T, url string) *capacity.Store {
+	t.Helper()
+	s, err := capacity.Open(url, "fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// capacityWorker starts an in-process worker that reports to Redis.
+func capacityWorker(t *testing.T, f *fleettest.Fleet, caps *capacity.Store, id string, slots int, cpu, mem *int64) *worker.Worker {
+	t.Helper()
+	var w atomic.Pointer[worker.Worker]
+	r := capacity.NewReporter(caps, capacity.ReporterConfig{WorkerID: id, Pool: "default", Backend: "process",
+		Slots: slots, CPUMilli: cpu, MemoryBytes: mem, Interval: 250 * time.Millisecond,
+		Draining: func() bool { p := w.Load(); return p != nil && p.Draining() }, Logger: fleettest.Logger(t)})
+	r.Start(context.Background())
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	w.Store(f.Worker(t, processExec(t), worker.Config{ID: id, Slots: slots, Capacity: r}))
+	return w.Load()
+}
+
+func ptr(v int64) *int64 { return &v }
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if ok() {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s", what, d)
+}
+
+func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	f := fleettest.Start(t)
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
+	w := fleettest.StartProc(t, "worker", env, "--id", "mortal", "--slots", "3", "--heartbeat-interval", "300ms")
+	w.WaitOutput(t, "worker started", 20*time.Second)
+	id := f.Submit(t, &job.Request{ID: "held", Command: []string{"sleep", "30"}, Retry: &job.RetryPolicy{MaxAttempts: 2}})
+
+	ctx := context.Background()
+	waitFor(t, "the lease in Redis", 10*time.Second, func() bool {
+		u, err := caps.Usage(ctx, "mortal")
+		return err == nil && u.SlotsUsed == 1 && u.Slots == 3
+	})
+	w.Kill()
+	killed := time.Now()
+	// Three intervals, and a little for Redis' expiry cycle.
+	// Three intervals, and a little for Redis' expiry cycle: the worker is
+	// out of every capacity view.
+	waitFor(t, "the worker to leave the pool", 2*time.Second, func() bool {
+		hbs, _ := caps.Workers(ctx, "default")
+		return len(hbs) == 0
+	})
+	t.Logf("worker gone %s after the kill", time.Since(killed).Round(10*time.Millisecond))
+
+	// The reaper announces the job the worker held.
+	dead, err := capacity.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, fleettest.Logger(t)).Reap(ctx)
+	if err != nil || len(dead) != 1 || dead[0] != "mortal" {
+		t.Fatalf("reaped %v, %v", dead, err)
+	}
+	ctx2, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var lost *job.Event
+	for e, err := range f.Client.Events(ctx2, id) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Phase == "worker_lost" {
+			lost = e
+			break
+		}
+	}
+	if lost == nil || lost.WorkerID != "mortal" || lost.Failure == nil || lost.Failure.Code != job.CodeWorkerLost {
+		t.Fatalf("worker_lost event: %+v", lost)
+	}
+	// A second reaper (another dispatcher) finds nothing left to do.
+	if dead, _ := capacity.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, nil).Reap(ctx); len(dead) != 0 {
+		t.Errorf("reaped twice: %v", dead)
+	}
+	// And nothing of the dead worker is left in Redis.
+	if u, err := caps.Usage(ctx, "mortal"); err != nil || u.Slots != 0 || u.SlotsUsed != 0 {
+		t.Errorf("the dead worker's slots: %+v %v", u, err)
+	}
+}
+
+func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	for _, mode := range []string{capacity.AdmitReject, capacity.AdmitQueue} {
+		t.Run(mode, func(t *testing.T) {
+			adm, err := capacity.NewAdmission(caps, mode, fleettest.Logger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go adm.Run(ctx)
+			f := fleettest.Start(t, func(c *dispatcher.Config) { c.Admission = adm })
+			capacityWorker(t, f, caps, "w-"+mode, 2, ptr(2000), ptr(1<<30))
+			time.Sleep(1500 * time.Millisecond) // the admission view refreshes every second
+
+			big := &job.Request{ID: "big-" + mode, Command: []string{"true"}, Resources: &job.Resources{Memory: "4Gi"}}
+			s, err := f.Client.Submit(ctx, big)
+			if mode == capacity.AdmitReject {
+				rej, ok := err.(*client.RejectedError)
+				if !ok || !strings.Contains(rej.Reason, "needs 4Gi memory (the largest worker has 1Gi)") {
+					t.Fatalf("oversized request: %+v, %v", s, err)
+				}
+			} else if err != nil || !strings.Contains(s.Warning, "queued anyway") {
+				t.Fatalf("oversized request with admission=queue: %+v, %v", s, err)
+			}
+			ok := f.Submit(t, &job.Request{ID: "fits-" + mode, Command: []string{"true"}, Resources: &job.Resources{Memory: "512Mi"}})
+			if r := f.Await(t, ok, 20*time.Second); r.Status != job.StatusSucceeded {
+				t.Errorf("a request that fits: %s", r.Status)
+			}
+		})
+	}
+}
+
+func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	f := fleettest.Start(t)
+	w := capacityWorker(t, f, caps, "steady", 4, nil, nil)
+	var ids []string
+	for i := 0; i < 24; i++ {
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("through-%d", i), Command: []string{"sleep", "0.3"}}))
+	}
+	time.Sleep(400 * time.Millisecond)
+	rs.Stop()
+	time.Sleep(time.Second) // jobs go on without Redis
+	rs.Start()              // empty
+	ctx := context.Background()
+	// Once a heartbeat has run, Redis holds exactly what runs.
+	waitFor(t, "leases to match what runs", 5*time.Second, func() bool {
+		leases, err := caps.Leases(ctx, "steady")
+		return err == nil && len(leases) == w.Running() && len(leases) > 0
+	})
+	for _, id := range ids {
+		if r := f.Await(t, id, 30*time.Second); r.Status != job.StatusSucceeded {
+			t.Errorf("%s: %s", id, r.Status)
+		}
+	}
+	waitFor(t, "no lease left after the last job", 5*time.Second, func() bool {
+		u, err := caps.Usage(ctx, "steady")
+		leases, _ := caps.Leases(ctx, "steady")
+		return err == nil && u.Slots == 4 && u.SlotsUsed == 0 && len(leases) == 0
+	})
+}
+
+func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	f := fleettest.Start(t)
+	api := dispatcher.NewAPI(f.Dispatcher)
+	api.Handle("GET /v1/capacity", caps.CapacityHandler())
+	api.Handle("GET /v1/workers", caps.WorkersHandler())
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	capacityWorker(t, f, caps, "counted", 4, ptr(4000), ptr(4<<30))
+
+	usedSlots := func() int {
+		cmd := exec.Command(fleettest.Binary(t, "fleetctl"), "capacity", "-o", "json", "--http-addr", srv.URL)
+		cmd.Env = os.Environ()
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("fleetctl capacity: %v\n%s", err, out)
+		}
+		var pools []job.PoolCapacity
+		if err := json.Unmarshal(out, &pools); err != nil || len(pools) != 1 {
+			t.Fatalf("fleetctl capacity -o json: %v\n%s", err, out)
+		}
+		return pools[0].Slots.Used
+	}
+	if n := usedSlots(); n != 0 {
+		t.Fatalf("%d slots used before any job", n)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		id := f.Submit(t, &job.Request{ID: fmt.Sprintf("counted-%d", i), Command: []string{"sleep", "2"}})
+		wg.Add(1)
+		go func() { defer wg.Done(); f.Await(t, id, 30*time.Second) }()
+	}
+	waitFor(t, "3 used slots in fleetctl capacity", 5*time.Second, func() bool { return usedSlots() == 3 })
+	wg.Wait()
+	waitFor(t, "0 used slots in fleetctl capacity", 5*time.Second, func() bool { return usedSlots() == 0 })
+}
