@@ -8,6 +8,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -52,6 +54,11 @@ type flags struct {
 	redisURL    string
 	admission   string
 	heartbeat   time.Duration
+	tokenFile   string
+	insecure    bool
+	tlsCert     string
+	tlsKey      string
+	tlsClientCA string
 }
 
 func run(args []string) error {
@@ -73,6 +80,11 @@ func run(args []string) error {
 	fs.StringVar(&f.admission, "admission", capacity.AdmitReject,
 		"a request no live worker of its pool could ever run: reject, queue (with a warning; for pools that scale from zero) or off")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "the workers' heartbeat interval; the reaper looks this often")
+	fs.StringVar(&f.tokenFile, "api-token-file", "", "file of bearer tokens for the HTTP API, one per line")
+	fs.BoolVar(&f.insecure, "insecure-http", false, "serve the HTTP API on a non-loopback address without tokens or client certificates")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate of the HTTP API (serves HTTPS)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "key of --tls-cert")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA of client certificates: with it, clients must present one (mutual TLS)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
@@ -156,6 +168,10 @@ func run(args []string) error {
 		return err
 	}
 
+	handler, tlsConfig, err := guard(&f)
+	if err != nil {
+		return err
+	}
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
 	if caps != nil {
@@ -166,14 +182,18 @@ func run(args []string) error {
 	if f.pprof {
 		api.Handle("/debug/pprof/", http.DefaultServeMux)
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	srv := &http.Server{Handler: handler(api), TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	ln, err := net.Listen("tcp", f.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", f.httpAddr, err)
 	}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := func() error { return srv.Serve(ln) }
+		if tlsConfig != nil {
+			serve = func() error { return srv.ServeTLS(ln, f.tlsCert, f.tlsKey) }
+		}
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("HTTP server failed", "err", err)
 		}
 	}()
@@ -194,4 +214,43 @@ func run(args []string) error {
 	}
 	_ = nc.Drain()
 	return nil
+}
+
+// guard decides how the HTTP API is protected: tokens, client certificates,
+// or nothing, which is allowed only on loopback or with --insecure-http.
+func guard(f *flags) (func(http.Handler) http.Handler, *tls.Config, error) {
+	wrap := func(h http.Handler) http.Handler { return h }
+	var tc *tls.Config
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if f.tlsCert != "" {
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		if f.tlsClientCA != "" {
+			pem, err := os.ReadFile(f.tlsClientCA)
+			if err != nil {
+				return nil, nil, fmt.Errorf("--tls-client-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, nil, fmt.Errorf("--tls-client-ca: no certificate in %s", f.tlsClientCA)
+			}
+			tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		}
+	} else if f.tlsClientCA != "" {
+		return nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+	}
+	if f.tokenFile != "" {
+		auth, err := dispatcher.LoadTokens(f.tokenFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		wrap = auth.Wrap
+	}
+	open := f.tokenFile == "" && f.tlsClientCA == ""
+	if open && !f.insecure && !dispatcher.Loopback(f.httpAddr) {
+		return nil, nil, fmt.Errorf("the HTTP API on %s would be open to the network: give --api-token-file or "+
+			"--tls-client-ca, listen on loopback, or pass --insecure-http", f.httpAddr)
+	}
+	return wrap, tc, nil
 }

@@ -46,7 +46,7 @@ func init() {
 		},
 		&command{
 			name: "workers", args: "[--pool P]",
-			help: "List the live workers (-o json: an array of their capacity heartbeats).",
+			help:  "List the live workers (-o json: an array of their capacity heartbeats).",
 			flags: poolFlag,
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				var hbs []*job.Heartbeat

@@ -87,6 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
 	fs.StringVar(&e.output, "o", "text", "output format: text or json")
 	fs.StringVar(&e.httpAddr, "http-addr", "127.0.0.1:8080", "the dispatcher's HTTP API (capacity and workers)")
+	fs.StringVar(&e.tokenFile, "api-token-file", "", "file holding a bearer token for the HTTP API (or set FLEET_API_TOKEN)")
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
@@ -98,6 +99,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	e.token = os.Getenv("FLEET_API_TOKEN")
+	if e.tokenFile != "" {
+		tok, err := queue.FileSecret(e.tokenFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "fleetctl: --api-token-file:", err)
+			return exitUsage
+		}
+		e.token = tok
+	}
 	if e.output != "text" && e.output != "json" {
 		fmt.Fprintf(stderr, "fleetctl: -o %q: use text or json\n", e.output)
 		return exitUsage
@@ -178,6 +187,7 @@ type env struct {
 	output         string
 	httpAddr       string
 	token          string
+	tokenFile      string
 
 	nc *nats.Conn
 	c  *client.Client

@@ -14,11 +14,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
@@ -414,5 +412,3 @@ func processesWith(s string) []int {
 	return pids
 }
 
-var _ = syscall.SIGKILL
-var _ = nats.DefaultURL
