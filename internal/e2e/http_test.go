@@ -164,4 +164,3 @@ func writeKey(t *testing.T, path string, key *ecdsa.PrivateKey) {
 	}
 	writePEM(t, path, "EC PRIVATE KEY", der)
 }
-

@@ -411,4 +411,3 @@ func processesWith(s string) []int {
 	}
 	return pids
 }
-
