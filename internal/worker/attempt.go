@@ -163,28 +163,41 @@ func (a *attempt) checkBeforeRun(ctx context.Context) (done bool, err error) {
 			Failure: job.Failf(job.ClassTimeout, job.CodeQueueTimeout, "queued longer than queue_timeout %s", req.QueueTimeout)}, 0)
 	}
 
-	if rec.State == job.StateRunning && rec.Attempt >= 1 && rec.Attempt < a.n {
-		// The worker of the previous attempt stopped without a word: that
-		// attempt is lost, unless it got as far as publishing the result.
+	// Deliveries between the last recorded attempt and this one were lost
+	// with their worker: a running attempt that stopped without a word, and
+	// any delivery that died before it started. Each costs an attempt, and
+	// the history says so, so that attempts always add up.
+	first := rec.Attempt + 1
+	if rec.State == job.StateRunning {
+		first = rec.Attempt
+	}
+	if first >= 1 && first < a.n {
+		// Unless it got as far as publishing the result.
 		if res, err := a.existingResult(ctx); err == nil && res != nil {
 			return true, a.conclude(ctx, res)
 		}
-		lost := job.Attempt{Attempt: rec.Attempt, WorkerID: rec.WorkerID, StartedAt: rec.StartedAt,
-			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
-				"worker %s stopped responding during attempt %d", rec.WorkerID, rec.Attempt)}
-		a.rec.History = append(a.rec.History, lost)
-		a.rec.Failure = lost.Failure
-		if !req.Retry.Retries(job.ClassInfrastructure, nil) || rec.Attempt >= req.Retry.MaxAttempts {
-			return true, a.finish(ctx, &Outcome{Status: job.StatusFailed, Failure: lost.Failure}, rec.Attempt)
+		for k := first; k < a.n; k++ {
+			lost := job.Attempt{Attempt: k, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
+				"attempt %d was delivered to a worker that stopped before it started", k)}
+			if k == rec.Attempt && rec.State == job.StateRunning {
+				lost.WorkerID, lost.StartedAt = rec.WorkerID, rec.StartedAt
+				lost.Failure.Message = fmt.Sprintf("worker %s stopped responding during attempt %d", rec.WorkerID, k)
+			}
+			a.rec.History = append(a.rec.History, lost)
+			a.rec.Failure = lost.Failure
+		}
+		last := a.n - 1
+		if !req.Retry.Retries(job.ClassInfrastructure, nil) || last >= req.Retry.MaxAttempts {
+			return true, a.finish(ctx, &Outcome{Status: job.StatusFailed, Failure: a.rec.Failure}, last)
 		}
 		a.event(job.EventRetryScheduled, func(e *job.Event) {
-			e.Attempt = rec.Attempt
+			e.Attempt = last
 			e.WorkerID = rec.WorkerID
-			e.Failure = lost.Failure
+			e.Failure = a.rec.Failure
 			e.NextAttemptAt = &now
 			zero := job.Duration(0)
 			e.Delay = &zero
-			e.Message = fmt.Sprintf("attempt %d was lost with its worker; attempt %d starts now", rec.Attempt, a.n)
+			e.Message = fmt.Sprintf("%s; attempt %d starts now", a.rec.Failure.Message, a.n)
 		})
 	}
 	if a.n > req.Retry.MaxAttempts {
@@ -255,6 +268,14 @@ func (a *attempt) run(ctx context.Context) error {
 		w.m.wait.Record(ctx, a.started.Sub(a.sub).Seconds(), w.m.poolAttrs)
 	}
 
+	// An attempt may not outlive the job's deadline.
+	deadlineBound := false
+	if d := req.Deadline; d != nil {
+		if left := time.Until(a.sub.Add(d.Std())); left < req.Timeout.Std() {
+			bounded := job.Duration(max(left, time.Millisecond))
+			req.Timeout, deadlineBound = &bounded, true
+		}
+	}
 	stopProgress := a.progress()
 	out, err := w.exec.Run(a.ctx, &Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
 	stopProgress()
@@ -277,6 +298,9 @@ func (a *attempt) run(ctx context.Context) error {
 	}
 	if out.FinishedAt.IsZero() {
 		out.FinishedAt = time.Now()
+	}
+	if deadlineBound && out.Status == job.StatusTimedOut {
+		out.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed during attempt %d", req.Deadline, a.n)
 	}
 	w.m.duration.Record(ctx, out.FinishedAt.Sub(out.StartedAt).Seconds(),
 		w.m.byStatus(out.Status))
@@ -333,6 +357,9 @@ func (a *attempt) retryPlan(out *Outcome) (time.Duration, string, bool) {
 	}
 	delay := a.w.cfg.Retry(p, a.n)
 	if d := a.req.Deadline; d != nil && time.Now().Add(delay).After(a.sub.Add(d.Std())) {
+		out.Status = job.StatusTimedOut
+		out.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline, "attempt %d failed (%s: %s) and attempt %d could not start before the job's deadline of %s",
+			a.n, f.Class, f.Message, a.n+1, d)
 		return 0, "", false
 	}
 	return delay, memory, true
