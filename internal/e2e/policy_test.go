@@ -18,7 +18,7 @@ import (
 )
 
 func dur(d time.Duration) *job.Duration { v := job.Duration(d); return &v }
-func fl(f float64) *float64            { return &f }
+func fl(f float64) *float64             { return &f }
 
 func byType(evs []*job.Event, t job.EventType) []*job.Event {
 	var out []*job.Event
