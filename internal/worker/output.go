@@ -49,10 +49,11 @@ func (o *Output) Write(p []byte) (int, error) {
 	for len(data) > 0 {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
+			// A line longer than maxLine goes out in pieces.
 			o.partial = append(o.partial, data...)
-			if len(o.partial) >= maxLine {
-				o.emit(o.partial)
-				o.partial = o.partial[:0]
+			for len(o.partial) >= maxLine {
+				o.emit(o.partial[:maxLine])
+				o.partial = append(o.partial[:0], o.partial[maxLine:]...)
 			}
 			break
 		}

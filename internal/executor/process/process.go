@@ -210,7 +210,7 @@ func exitCode(ps *os.ProcessState, err error) (code int, signal string) {
 		return -1, ""
 	}
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal()), ws.Signal().String()
+		return 128 + int(ws.Signal()), fmt.Sprintf("signal %d (%s)", ws.Signal(), ws.Signal())
 	}
 	return ps.ExitCode(), ""
 }

@@ -1,0 +1,49 @@
+package queue
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestNames(t *testing.T) {
+	n := Names{}
+	if n.Submit() != "fleet.submit" || n.Jobs("gpu") != "fleet.jobs.gpu" || n.Bucket() != "fleet-jobs" ||
+		n.JobsStream() != "FLEET_JOBS" || n.PoolConsumer("gpu") != "jobs-gpu" || n.KVSubject("a.b") != "$KV.fleet-jobs.a.b" {
+		t.Fatal("default names do not match the contract")
+	}
+	other := Names{Prefix: "acme.prod"}
+	if other.SubmitStream() != "ACME_PROD_SUBMIT" || other.Events("x") != "acme.prod.events.x" {
+		t.Errorf("prefixed names: %s %s", other.SubmitStream(), other.Events("x"))
+	}
+	// Ids may hold dots: the id is everything after the kind.
+	for subj, want := range map[string]string{
+		"fleet.events.a.b.c": "a.b.c", "fleet.results.x": "x", "fleet.cancel.build-1.2": "build-1.2", "other.events.x": "",
+	} {
+		if got := n.JobID(subj); got != want {
+			t.Errorf("JobID(%s) = %q, want %q", subj, got, want)
+		}
+	}
+}
+
+func TestStreamsMatchTheContract(t *testing.T) {
+	byName := map[string]jetstream.StreamConfig{}
+	for _, s := range (Config{}).Streams() {
+		byName[s.Name] = s
+	}
+	if s := byName["FLEET_SUBMIT"]; s.Retention != jetstream.WorkQueuePolicy || !s.NoAck {
+		t.Errorf("submit stream: %+v", s)
+	}
+	if s := byName["FLEET_JOBS"]; s.Retention != jetstream.WorkQueuePolicy || s.Subjects[0] != "fleet.jobs.>" {
+		t.Errorf("jobs stream: %+v", s)
+	}
+	if s := byName["FLEET_RESULTS"]; s.MaxMsgsPerSubject != 1 || !s.DiscardNewPerSubject || s.MaxAge == 0 {
+		t.Errorf("results stream keeps more than one result per job: %+v", s)
+	}
+	if s := byName["FLEET_EVENTS"]; s.Retention != jetstream.LimitsPolicy || s.MaxAge == 0 {
+		t.Errorf("events stream: %+v", s)
+	}
+	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 5 {
+		t.Errorf("streams: %v", byName)
+	}
+}

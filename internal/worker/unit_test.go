@@ -1,0 +1,133 @@
+package worker
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+func TestBackoffDelayStaysWithinTheJitter(t *testing.T) {
+	r := &job.Request{Retry: &job.RetryPolicy{}}
+	init, maxb, jit := job.Duration(100*time.Millisecond), job.Duration(time.Second), 0.25
+	r.Retry.InitialBackoff, r.Retry.MaxBackoff, r.Retry.Multiplier, r.Retry.Jitter = &init, &maxb, 3, &jit
+	r.Normalize()
+	for n, base := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 300 * time.Millisecond, 3: 900 * time.Millisecond, 4: time.Second, 9: time.Second} {
+		lo, hi := time.Duration(float64(base)*(1-jit)), time.Duration(float64(base)*(1+jit))+1
+		seen := map[time.Duration]bool{}
+		for i := 0; i < 200; i++ {
+			d := BackoffDelay(r.Retry, n)
+			if d < lo || d > hi {
+				t.Fatalf("attempt %d: delay %s outside [%s, %s]", n, d, lo, hi)
+			}
+			seen[d] = true
+		}
+		if len(seen) < 10 {
+			t.Errorf("attempt %d: only %d distinct delays: no jitter?", n, len(seen))
+		}
+	}
+	zero := 0.0
+	r.Retry.Jitter = &zero
+	if d := BackoffDelay(r.Retry, 2); d != 300*time.Millisecond {
+		t.Errorf("without jitter, attempt 2 waits %s, want 300ms", d)
+	}
+}
+
+func TestSlotsNeverHandOutMoreThanThereAre(t *testing.T) {
+	s := newSlots(5)
+	ctx := context.Background()
+	n, _ := s.acquireAll(ctx, 3)
+	if n != 3 {
+		t.Fatalf("took %d of 5 with max 3", n)
+	}
+	n, _ = s.acquireAll(ctx, 10)
+	if n != 2 {
+		t.Fatalf("took %d of the 2 left", n)
+	}
+	done := make(chan int)
+	go func() { n, _ := s.acquireAll(ctx, 10); done <- n }()
+	select {
+	case <-done:
+		t.Fatal("acquired with no slot free")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.release(1)
+	if n := <-done; n != 1 {
+		t.Fatalf("took %d after one release", n)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.acquireAll(cctx, 1); err == nil {
+		t.Error("acquire with a cancelled context and no free slot succeeded")
+	}
+
+	// Many goroutines: never more than the total held at once.
+	s = newSlots(4)
+	var mu sync.Mutex
+	held, peak := 0, 0
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				n, _ := s.acquireAll(ctx, 2)
+				mu.Lock()
+				held += n
+				peak = max(peak, held)
+				mu.Unlock()
+				mu.Lock()
+				held -= n
+				mu.Unlock()
+				s.release(n)
+			}
+		}()
+	}
+	wg.Wait()
+	if peak > 4 {
+		t.Errorf("%d slots held at once out of 4", peak)
+	}
+}
+
+type lines struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *lines) Log(stream, line string) { l.mu.Lock(); l.got = append(l.got, stream+":"+line); l.mu.Unlock() }
+func (l *lines) Phase(string, string)    {}
+
+func TestOutputSplitsLinesAndKeepsTheTail(t *testing.T) {
+	var l lines
+	o := NewOutput("stdout", &l, 10)
+	for _, chunk := range []string{"hel", "lo\nwor", "ld\r\n", "\n", "no newline"} {
+		if _, err := o.Write([]byte(chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.Close()
+	want := []string{"stdout:hello", "stdout:world", "stdout:", "stdout:no newline"}
+	if strings.Join(l.got, "|") != strings.Join(want, "|") {
+		t.Errorf("lines %q, want %q", l.got, want)
+	}
+	if tail := o.Tail(); tail != "no newline" {
+		t.Errorf("tail %q", tail)
+	}
+	// A tail never starts in the middle of a character.
+	o = NewOutput("stderr", nil, 4)
+	o.Write([]byte("abcé€"))
+	if tail := o.Tail(); tail != "€" {
+		t.Errorf("tail %q, want the last whole characters", tail)
+	}
+	// A long line without a newline is cut into bounded log lines.
+	l = lines{}
+	o = NewOutput("stdout", &l, 0)
+	o.Write([]byte(strings.Repeat("x", maxLine*2+10)))
+	o.Close()
+	if len(l.got) != 3 || len(l.got[0]) != len("stdout:")+maxLine {
+		t.Errorf("%d lines of lengths %v", len(l.got), len(l.got[0]))
+	}
+}
