@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -96,7 +97,14 @@ func (c *Client) Submit(ctx context.Context, r *job.Request) (*Submission, error
 func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, error) {
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m, err := c.nc.RequestWithContext(ctx, c.names.Submit(), data)
+	// The producer's trace, if it has one, goes on into the fleet.
+	msg := nats.NewMsg(c.names.Submit())
+	msg.Data = data
+	otel.GetTextMapPropagator().Inject(ctx, queue.HeaderCarrier(msg.Header))
+	if len(msg.Header) == 0 {
+		msg.Header = nil
+	}
+	m, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}

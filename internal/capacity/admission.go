@@ -8,6 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -34,6 +38,7 @@ type Admission struct {
 
 	mu      sync.Mutex
 	pools   map[string]*poolView
+	workers []*job.Heartbeat
 	fresh   time.Time
 	lastErr error
 }
@@ -62,8 +67,12 @@ func NewAdmission(s *Store, mode string, log *slog.Logger) (*Admission, error) {
 	return &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}, nil
 }
 
-// Run refreshes the view every second until ctx ends.
+// Run refreshes the view every second until ctx ends. The view also feeds
+// the fleet.pool.slots and fleet.worker.heartbeat.age gauges.
 func (a *Admission) Run(ctx context.Context) {
+	if reg, err := a.observe(); err == nil {
+		defer reg.Unregister()
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -91,6 +100,7 @@ func (a *Admission) refresh(ctx context.Context) {
 	}
 	a.lastErr = nil
 	a.pools = view(hbs)
+	a.workers = hbs
 	a.fresh = time.Now()
 }
 
@@ -170,4 +180,28 @@ func judge(r *job.Request, p *poolView) string {
 		return fmt.Sprintf("pool %q runs processes: the request needs a command", r.Pool)
 	}
 	return ""
+}
+
+func (a *Admission) observe() (metric.Registration, error) {
+	m := telemetry.Meter()
+	slots, _ := m.Int64ObservableGauge("fleet.pool.slots", metric.WithDescription("Slots of a pool's live workers, by state (total, used)"))
+	workers, _ := m.Int64ObservableGauge("fleet.pool.workers", metric.WithDescription("Live workers of a pool"))
+	age, _ := m.Float64ObservableGauge("fleet.worker.heartbeat.age", metric.WithUnit("s"),
+		metric.WithDescription("Time since a live worker's last heartbeat"))
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		a.mu.Lock()
+		hbs := a.workers
+		a.mu.Unlock()
+		for _, p := range Summarize(hbs) {
+			pool := attribute.String("pool", p.Pool)
+			o.ObserveInt64(slots, int64(p.Slots.Total), metric.WithAttributes(pool, attribute.String("state", "total")))
+			o.ObserveInt64(slots, int64(p.Slots.Used), metric.WithAttributes(pool, attribute.String("state", "used")))
+			o.ObserveInt64(workers, int64(p.Workers), metric.WithAttributes(pool))
+		}
+		for _, hb := range hbs {
+			o.ObserveFloat64(age, time.Since(hb.ObservedAt).Seconds(),
+				metric.WithAttributes(attribute.String("pool", hb.Pool), attribute.String("worker", hb.WorkerID)))
+		}
+		return nil
+	}, slots, workers, age)
 }

@@ -124,9 +124,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.consume(runCtx)
 	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()
+	go func() { defer d.wg.Done(); d.watchLag(runCtx, 5*time.Second) }()
 	close(d.ready)
 	d.log.Info("dispatcher started", "submit", d.names.Submit())
 	return nil

@@ -76,3 +76,11 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// ForceFlush exports the spans ended so far.
+func (t *Telemetry) ForceFlush(ctx context.Context) error {
+	if tp, ok := otel.GetTracerProvider().(*sdktrace.TracerProvider); ok {
+		return tp.ForceFlush(ctx)
+	}
+	return nil
+}

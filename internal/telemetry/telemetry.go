@@ -11,6 +11,7 @@ import (
 	"context"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -35,4 +36,18 @@ func TraceID(ctx context.Context) string {
 		return ""
 	}
 	return sc.TraceID().String()
+}
+
+// Step starts a child span for one step of an attempt (an image pull, a
+// container create, the run, the output collection). Call the returned
+// function with the step's error, if any, when it ends.
+func Step(ctx context.Context, name string) (context.Context, func(error)) {
+	ctx, span := Tracer().Start(ctx, name)
+	return ctx, func(err error) {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
 }

@@ -112,6 +112,9 @@ func (a *attempt) handle() error {
 	}
 	a.n = max(1, int(meta.NumDelivered)-a.rec.Handbacks)
 	a.log = a.log.With("attempt", a.n)
+	if a.traceID != "" {
+		a.log = a.log.With("trace_id", a.traceID)
+	}
 
 	ctx, a.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("fleet.job.id", a.id), attribute.String("fleet.pool", w.cfg.Pool),

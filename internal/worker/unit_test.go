@@ -97,8 +97,12 @@ type lines struct {
 	got []string
 }
 
-func (l *lines) Log(stream, line string) { l.mu.Lock(); l.got = append(l.got, stream+":"+line); l.mu.Unlock() }
-func (l *lines) Phase(string, string)    {}
+func (l *lines) Log(stream, line string) {
+	l.mu.Lock()
+	l.got = append(l.got, stream+":"+line)
+	l.mu.Unlock()
+}
+func (l *lines) Phase(string, string) {}
 
 func TestOutputSplitsLinesAndKeepsTheTail(t *testing.T) {
 	var l lines

@@ -46,6 +46,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
@@ -231,7 +232,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	if err := e.Validate(req); err != nil {
 		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
 	}
+	_, endPull := telemetry.Step(ctx, "fleet.image")
 	img, err := e.image(ctx, req.Image, req.PullPolicy, t.Report)
+	endPull(err)
 	if ctx.Err() != nil {
 		return worker.CancelledOutcome(ctx, time.Time{}), nil
 	}
@@ -256,7 +259,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	log := e.log.With("job_id", t.JobID, "attempt", t.Attempt)
 	name := containerName(t.JobID, t.Attempt, randomSuffix())
 	cfg, host := e.spec(t, img.Config.User, dir)
+	_, endCreate := telemetry.Step(ctx, "fleet.container.create")
 	created, err := e.api.ContainerCreate(bg, cfg, host, nil, nil, name)
+	endCreate(err)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
 			return nil, job.Failf(job.ClassImage, CodeImageNotPresent, "image %s is gone from the Docker host: %v", req.Image, err)
@@ -279,6 +284,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 		return e.startFailed(bg, id, name, err)
 	}
 	started := time.Now()
+	_, endRun := telemetry.Step(ctx, "fleet.run")
 	log.Debug("container started", "container", name)
 	if t.Report != nil {
 		t.Report.Phase("running", "container "+name+" started")
@@ -315,7 +321,10 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 		out.ExitCode = &code
 		oom, x.err = e.oomKilled(bg, id, started, code == 137 && stopped == nil)
 	}
+	endRun(x.err)
+	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
 	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	endCollect(failErr(ofail))
 	out.Outputs = outputs
 	switch {
 	case stopped != nil && stopped.Class == job.ClassTimeout:
@@ -522,4 +531,12 @@ func exitMessage(code int) string {
 		return fmt.Sprintf("exited with code %d (128 + signal %d, %v)", code, code-128, syscall.Signal(code-128))
 	}
 	return fmt.Sprintf("exited with code %d", code)
+}
+
+// failErr keeps a nil *job.Failure from becoming a non-nil error.
+func failErr(f *job.Failure) error {
+	if f == nil {
+		return nil
+	}
+	return f
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
@@ -68,7 +69,10 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 		subPath = filepath.ToSlash(rel)
 	}
 
-	if err := a.submit(ctx, e.cfg.build(t, req, a.name, subPath)); err != nil {
+	_, endCreate := telemetry.Step(ctx, "fleet.job.create")
+	err := a.submit(ctx, e.cfg.build(t, req, a.name, subPath))
+	endCreate(err)
+	if err != nil {
 		if ctx.Err() != nil {
 			return worker.CancelledOutcome(ctx, time.Now()), nil
 		}
@@ -77,13 +81,21 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 	started := time.Now()
 	a.phase("Pending", "Created", fmt.Sprintf("Job %s/%s", e.cfg.Namespace, a.name))
 
+	_, endRun := telemetry.Step(ctx, "fleet.run")
 	v := a.wait(ctx)
+	endRun(nil)
 	a.phase(v.phase, v.reason, v.message())
 	a.readLogs(ctx, v)
 	out := &worker.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
 		StartedAt: started, Stdout: a.stdout.Tail()}
 	if dir != nil {
+		_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
 		outputs, fail := dir.Collect(req.Outputs, e.cfg.Outputs)
+		if fail != nil {
+			endCollect(fail)
+		} else {
+			endCollect(nil)
+		}
 		out.Outputs = outputs
 		if out.Status == job.StatusSucceeded && fail != nil {
 			out.Status, out.Failure = job.StatusFailed, fail

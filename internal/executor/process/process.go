@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
@@ -116,7 +117,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	}
 
 	started := time.Now()
+	_, endRun := telemetry.Step(ctx, "fleet.run")
 	if err := cmd.Start(); err != nil {
+		endRun(err)
 		copied.abort()
 		return &worker.Outcome{Status: job.StatusFailed, StartedAt: started, FinishedAt: time.Now(),
 			Failure: job.Failf(job.ClassExecution, "start_failed", "cannot start %s: %v", req.Command[0], unwrapExec(err))}, nil
@@ -143,11 +146,18 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	copied.wait()
 	finished := time.Now()
+	endRun(waitErr)
 
 	out = &worker.Outcome{StartedAt: started, FinishedAt: finished, Stdout: stdout.Tail(), Stderr: stderr.Tail()}
 	code, signaled := exitCode(cmd.ProcessState, waitErr)
 	out.ExitCode = &code
+	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
 	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	if ofail != nil {
+		endCollect(ofail)
+	} else {
+		endCollect(nil)
+	}
 	out.Outputs = outputs
 	switch {
 	case stopped != nil && stopped.Class == job.ClassTimeout:

@@ -17,8 +17,12 @@ type reporter struct {
 	lines []string
 }
 
-func (r *reporter) Log(stream, line string) { r.mu.Lock(); r.lines = append(r.lines, stream+":"+line); r.mu.Unlock() }
-func (r *reporter) Phase(string, string)    {}
+func (r *reporter) Log(stream, line string) {
+	r.mu.Lock()
+	r.lines = append(r.lines, stream+":"+line)
+	r.mu.Unlock()
+}
+func (r *reporter) Phase(string, string) {}
 
 func run(t *testing.T, e *Executor, ctx context.Context, r *job.Request) (*worker.Outcome, *reporter) {
 	t.Helper()

@@ -1,0 +1,78 @@
+package dispatcher
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/telemetry"
+)
+
+// lag keeps, per pool, the jobs waiting in the pool's consumer and those
+// delivered but not finished, for the fleet.queue.* gauges: what an
+// autoscaler or an operator watches.
+type lag struct {
+	mu       sync.Mutex
+	pending  map[string]uint64
+	inFlight map[string]int
+}
+
+// watchLag refreshes the numbers every interval until ctx ends, and
+// registers the gauges that report them.
+func (d *Dispatcher) watchLag(ctx context.Context, every time.Duration) {
+	l := &lag{pending: map[string]uint64{}, inFlight: map[string]int{}}
+	m := telemetry.Meter()
+	pending, _ := m.Int64ObservableGauge("fleet.queue.pending", metric.WithDescription("Jobs waiting in a pool's queue, not yet delivered to a worker"))
+	inFlight, _ := m.Int64ObservableGauge("fleet.queue.in_flight", metric.WithDescription("Jobs delivered to a pool's workers and not finished"))
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for pool, n := range l.pending {
+			attrs := metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", pool)))
+			o.ObserveInt64(pending, int64(n), attrs)
+			o.ObserveInt64(inFlight, int64(l.inFlight[pool]), attrs)
+		}
+		return nil
+	}, pending, inFlight)
+	if err == nil {
+		defer reg.Unregister()
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		d.refreshLag(ctx, l)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Dispatcher) refreshLag(ctx context.Context, l *lag) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := d.js.Stream(cctx, d.names.JobsStream())
+	if err != nil {
+		return
+	}
+	pending, inFlight := map[string]uint64{}, map[string]int{}
+	list := s.ListConsumers(cctx)
+	for info := range list.Info() {
+		pool, ok := strings.CutPrefix(info.Name, "jobs-")
+		if !ok {
+			continue
+		}
+		pending[pool], inFlight[pool] = info.NumPending, info.NumAckPending
+	}
+	if list.Err() != nil {
+		return
+	}
+	l.mu.Lock()
+	l.pending, l.inFlight = pending, inFlight
+	l.mu.Unlock()
+}
