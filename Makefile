@@ -12,7 +12,7 @@ all: build
 
 ## build: the dispatcher, worker and fleetctl binaries, in bin/
 build:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dispatcher ./cmd/worker ./cmd/fleetctl
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dispatcher ./cmd/worker ./cmd/fleetctl
 
 ## demo: run a whole fleet on this machine and show it working
 demo: build

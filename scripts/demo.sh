@@ -37,7 +37,13 @@ for _ in $(seq 150); do
 done
 [ "$ready" = 1 ] || { echo "the dispatcher did not start:"; cat "$data/dispatcher.log"; exit 1; }
 
+# The Docker executor when a daemon answers (the jobs' image is built
+# locally: no registry needed), else the process executor. The examples run
+# on both: they name an image, and write through $FLEET_OUTPUTS.
 executor=process
+if docker info >/dev/null 2>&1 && ./scripts/demo-image.sh >/dev/null 2>&1; then
+	executor=docker
+fi
 say "starting a worker (--executor $executor, 4 slots)"
 "$bin/worker" --executor "$executor" --pool default --slots 4 --id demo-worker --grace 1s \
 	>"$data/worker.log" 2>&1 &
