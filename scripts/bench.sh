@@ -38,7 +38,7 @@ for _ in $(seq 150); do
 done
 
 worker() {
-	"$bin/worker" --executor "$1" --slots "$slots" --id "bench-$1" >"$data/worker-$1.log" 2>&1 &
+	"$bin/worker" --executor "$1" --slots "${slots}" --id "bench-$1" >"$data/worker-$1.log" 2>&1 &
 	wpid=$!
 	pids+=($wpid)
 	sleep 1
@@ -57,3 +57,14 @@ kill -TERM "$wpid"; wait "$wpid" 2>/dev/null || true
 worker process
 echo; echo "== process executor running true, $((jobs / 4)) jobs as fast as possible"
 "$bin/fleetctl" bench --jobs "$((jobs / 4))" --command true --pids "$dpid,$wpid"
+kill -TERM "$wpid"; wait "$wpid" 2>/dev/null || true
+
+if docker info >/dev/null 2>&1; then
+	# The same image and command, one container at a time: the bare Docker
+	# API cycle (create, start, wait, remove) against a whole fleet job.
+	n=${DOCKER_JOBS:-20}
+	echo; echo "== docker: true in fleet-test/testprog, $n one at a time"
+	go test -run '^$' -bench 'BareDockerCycle' -benchtime "${n}x" ./internal/executor/docker/ | grep Benchmark
+	slots=1 worker docker
+	"$bin/fleetctl" bench --jobs "$n" --image fleet-test/testprog:latest --command true
+fi

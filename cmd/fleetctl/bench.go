@@ -30,6 +30,7 @@ func init() {
 			fs.IntVar(&o.rate, "rate", 0, "jobs per second to offer (0: as fast as possible)")
 			fs.StringVar(&o.pool, "pool", "default", "pool of the jobs")
 			fs.StringVar(&o.command, "command", "true", "the jobs' command (ignored by a noop worker)")
+			fs.StringVar(&o.image, "image", "", "the jobs' image, for docker and kubernetes workers (pull policy never)")
 			fs.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is reported per job")
 			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
 			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
@@ -43,6 +44,7 @@ func init() {
 type benchOpts struct {
 	jobs, rate, window int
 	pool, command      string
+	image              string
 	pids               string
 	timeout            time.Duration
 }
@@ -141,6 +143,9 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 		return err
 	}
 	req := job.Request{Pool: o.pool, Command: strings.Fields(o.command)}
+	if o.image != "" {
+		req.Image, req.PullPolicy = o.image, job.PullNever
+	}
 	fmt.Fprintf(e.stderr, "bench: %d jobs on pool %s", n, o.pool)
 	if o.rate > 0 {
 		fmt.Fprintf(e.stderr, " at %d/s", o.rate)
