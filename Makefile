@@ -5,14 +5,27 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X github.com/fleet-dev/fleet/internal/version.Version=$(VERSION)
 BIN       := bin
 TESTFLAGS ?= -race -count=1 -timeout 45m
+IMAGE     ?= fleet:dev
 
-.PHONY: all build demo test bench lint fuzz clean
+.PHONY: all build demo test bench lint fuzz image image-release tools clean
 
 all: build
 
-## build: the dispatcher, worker and fleetctl binaries, in bin/
+## build: the dispatcher, worker and fleetctl binaries, static, in bin/
 build:
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dispatcher ./cmd/worker ./cmd/fleetctl
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dispatcher ./cmd/worker ./cmd/fleetctl
+
+## image: the container image from the binaries in bin/ (no registry needed)
+image: build
+	docker build --target runtime-local -t $(IMAGE) .
+
+## image-release: the multi-stage image, built from source (BuildKit; needs a registry)
+image-release:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+## tools: helm and Docker Compose v2, for the deployment tests
+tools:
+	hack/tools/build.sh
 
 ## demo: run a whole fleet on this machine and show it working
 demo: build

@@ -235,15 +235,19 @@ func guard(f *flags) (func(http.Handler) http.Handler, *tls.Config, error) {
 			if !pool.AppendCertsFromPEM(pem) {
 				return nil, nil, fmt.Errorf("--tls-client-ca: no certificate in %s", f.tlsClientCA)
 			}
-			tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+			// Verified when given, required on /v1/ only: probes of
+			// /healthz and /readyz carry no certificate.
+			tc.ClientCAs, tc.ClientAuth = pool, tls.VerifyClientCertIfGiven
 		}
 	} else if f.tlsClientCA != "" {
 		return nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 	}
-	if f.tokenFile != "" {
-		auth, err := dispatcher.LoadTokens(f.tokenFile)
-		if err != nil {
-			return nil, nil, err
+	if f.tokenFile != "" || f.tlsClientCA != "" {
+		auth := &dispatcher.Auth{Certs: f.tlsClientCA != ""}
+		if f.tokenFile != "" {
+			if err := auth.LoadTokens(f.tokenFile); err != nil {
+				return nil, nil, err
+			}
 		}
 		wrap = auth.Wrap
 	}

@@ -11,36 +11,36 @@ import (
 	"strings"
 )
 
-// Auth guards the API's /v1/ routes with bearer tokens. Health, readiness
-// and metrics stay open: they reveal nothing about jobs, and probes and
-// scrapers rarely carry tokens. Clients with a verified certificate (mutual
-// TLS) need no token.
+// Auth guards the API's /v1/ routes with bearer tokens, client
+// certificates, or both. Health, readiness and metrics stay open: they
+// reveal nothing about jobs, and probes and scrapers rarely carry either.
 type Auth struct {
 	tokens [][32]byte // hashed: compared in constant time, whatever their length
+	// Certs lets in clients whose certificate the TLS server verified.
+	Certs bool
 }
 
 // LoadTokens reads bearer tokens from a file, one per line; blank lines and
 // lines starting with # are skipped.
-func LoadTokens(path string) (*Auth, error) {
+func (a *Auth) LoadTokens(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("api tokens: %w", err)
+		return fmt.Errorf("api tokens: %w", err)
 	}
-	a := &Auth{}
 	for _, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		if len(line) < 16 {
-			return nil, errors.New("api tokens: a token shorter than 16 characters is too easy to guess")
+			return errors.New("api tokens: a token shorter than 16 characters is too easy to guess")
 		}
 		a.tokens = append(a.tokens, sha256.Sum256([]byte(line)))
 	}
 	if len(a.tokens) == 0 {
-		return nil, fmt.Errorf("api tokens: %s holds no token", path)
+		return fmt.Errorf("api tokens: %s holds no token", path)
 	}
-	return a, nil
+	return nil
 }
 
 // Wrap returns h guarded by the tokens.
@@ -51,12 +51,12 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fleet"`)
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "a bearer token is required (Authorization: Bearer <token>)"})
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "a bearer token (Authorization: Bearer <token>) or a client certificate is required"})
 	})
 }
 
 func (a *Auth) allowed(r *http.Request) bool {
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+	if a.Certs && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
 		return true
 	}
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")

@@ -111,8 +111,11 @@ func TestHTTPAPIWithMutualTLS(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
 	anonymous := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	if _, err := anonymous.Get("https://" + addr + "/v1/jobs/x"); err == nil {
-		t.Error("a client without a certificate got through")
+	if got := get(t, anonymous, "https://"+addr+"/v1/jobs/x", ""); got != http.StatusUnauthorized {
+		t.Errorf("a client without a certificate: %d, want 401", got)
+	}
+	if got := get(t, anonymous, "https://"+addr+"/healthz", ""); got != http.StatusOK {
+		t.Errorf("a probe without a certificate: %d, want 200", got)
 	}
 	withCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots,
 		Certificates: []tls.Certificate{{Certificate: [][]byte{clientCert}, PrivateKey: clientKey}}}}}

@@ -168,9 +168,12 @@ func (w *testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// InCI reports whether the tests run under CI=true, where a missing
-// dependency is a failure, not a reason to skip.
-func InCI() bool { return os.Getenv("CI") == "true" || os.Getenv("CI") == "1" }
+// InCI reports whether the tests run under CI (CI set, and not "false" or
+// "0"), where a missing dependency is a failure, not a reason to skip.
+func InCI() bool {
+	v := os.Getenv("CI")
+	return v != "" && v != "false" && v != "0"
+}
 
 // Require skips the test when a dependency is missing, or fails it in CI.
 func Require(t testing.TB, ok bool, format string, args ...any) {

@@ -1,0 +1,190 @@
+{{/* Names. */}}
+{{- define "fleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Object names of the components. */}}
+{{- define "fleet.dispatcher.fullname" -}}
+{{- printf "%s-dispatcher" (include "fleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "fleet.worker.fullname" -}}
+{{- printf "%s-worker" (include "fleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "fleet.dockerWorker.fullname" -}}
+{{- printf "%s-docker-worker" (include "fleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fleet.worker.serviceAccountName" -}}
+{{- if .Values.worker.serviceAccount.create }}
+{{- default (include "fleet.worker.fullname" .) .Values.worker.serviceAccount.name }}
+{{- else }}
+{{- required "worker.serviceAccount.name is required when worker.serviceAccount.create is false" .Values.worker.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "fleet.worker.jobNamespace" -}}
+{{- default .Release.Namespace .Values.worker.jobNamespace }}
+{{- end }}
+
+{{- define "fleet.apiTokenSecret" -}}
+{{- default (printf "%s-api-tokens" (include "fleet.fullname" .)) .Values.dispatcher.api.tokens.existingSecret }}
+{{- end }}
+
+{{- define "fleet.sharedClaim" -}}
+{{- default (printf "%s-shared" (include "fleet.worker.fullname" .)) .Values.worker.sharedPVC.existingClaim }}
+{{- end }}
+
+{{/* The stream of the pools' jobs, as internal/queue names it. */}}
+{{- define "fleet.jobsStream" -}}
+{{- printf "%s_JOBS" (.Values.subjectPrefix | replace "." "_" | replace "-" "_" | upper) }}
+{{- end }}
+
+{{/* Labels. Call with (dict "ctx" $ "component" "worker"). */}}
+{{- define "fleet.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "fleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: fleet
+{{- end }}
+
+{{- define "fleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fleet.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "fleet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment common to every fleet container: NATS, Redis, the prefix, logs.
+Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logFormat" ...).
+*/}}
+{{- define "fleet.commonEnv" -}}
+{{- $v := .ctx.Values -}}
+- name: FLEET_NATS_URL
+  value: {{ $v.nats.url | quote }}
+- name: FLEET_SUBJECT_PREFIX
+  value: {{ $v.subjectPrefix | quote }}
+{{- if $v.redis.existingSecret }}
+- name: FLEET_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.redis.existingSecret }}
+      key: {{ $v.redis.urlKey }}
+{{- else }}
+- name: FLEET_REDIS_URL
+  value: {{ $v.redis.url | quote }}
+{{- end }}
+- name: FLEET_LOG_LEVEL
+  value: {{ .logLevel | quote }}
+- name: FLEET_LOG_FORMAT
+  value: {{ .logFormat | quote }}
+{{- if $v.nats.tls.existingSecret }}
+{{- if $v.nats.tls.caKey }}
+- name: FLEET_NATS_CA
+  value: /etc/fleet/nats-tls/{{ $v.nats.tls.caKey }}
+{{- end }}
+{{- if $v.nats.tls.certKey }}
+- name: FLEET_NATS_CERT
+  value: /etc/fleet/nats-tls/{{ $v.nats.tls.certKey }}
+- name: FLEET_NATS_KEY
+  value: /etc/fleet/nats-tls/{{ required "nats.tls.keyKey is required with nats.tls.certKey" $v.nats.tls.keyKey }}
+{{- end }}
+{{- end }}
+{{- with .auth }}
+{{- if .existingSecret }}
+{{- if .user }}
+- name: FLEET_NATS_USER
+  value: {{ .user | quote }}
+{{- end }}
+{{- if .passwordKey }}
+- name: FLEET_NATS_PASSWORD_FILE
+  value: /etc/fleet/nats-auth/{{ .passwordKey }}
+{{- end }}
+{{- if .tokenKey }}
+- name: FLEET_NATS_TOKEN_FILE
+  value: /etc/fleet/nats-auth/{{ .tokenKey }}
+{{- end }}
+{{- if .credsKey }}
+- name: FLEET_NATS_CREDS
+  value: /etc/fleet/nats-auth/{{ .credsKey }}
+{{- end }}
+{{- if .nkeyKey }}
+- name: FLEET_NATS_NKEY
+  value: /etc/fleet/nats-auth/{{ .nkeyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Volume mounts and volumes for NATS TLS and credentials. Same arguments. */}}
+{{- define "fleet.natsVolumeMounts" -}}
+{{- if .ctx.Values.nats.tls.existingSecret }}
+- name: nats-tls
+  mountPath: /etc/fleet/nats-tls
+  readOnly: true
+{{- end }}
+{{- if (.auth | default dict).existingSecret }}
+- name: nats-auth
+  mountPath: /etc/fleet/nats-auth
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "fleet.natsVolumes" -}}
+{{- if .ctx.Values.nats.tls.existingSecret }}
+- name: nats-tls
+  secret:
+    secretName: {{ .ctx.Values.nats.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- with (.auth | default dict).existingSecret }}
+- name: nats-auth
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/* The pod-level fields shared by every fleet pod. Call with the component's values. */}}
+{{- define "fleet.podScheduling" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
