@@ -50,7 +50,7 @@ func parseQuantity(q string, unit int64) (int64, error) {
 	if new(big.Rat).SetInt(i).Cmp(num) < 0 {
 		i.Add(i, big.NewInt(1))
 	}
-	if !i.IsInt64() || i.Int64() > math.MaxInt64/2 {
+	if !i.IsInt64() || i.Int64() > maxQuantity {
 		return 0, fmt.Errorf("quantity %q is too large", truncate(q, 32))
 	}
 	return i.Int64(), nil
@@ -83,6 +83,10 @@ func FormatCPU(milli int64) string {
 	return fmt.Sprintf("%dm", milli)
 }
 
+// maxQuantity is the largest quantity accepted, in units: half of int64,
+// so that sums of quantities cannot overflow.
+const maxQuantity = math.MaxInt64 / 2
+
 // integerScale holds the suffixes of whole multiples, for the fast path.
 var integerScale = map[string]int64{"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 
@@ -106,8 +110,8 @@ func parseSimpleQuantity(q string, unit int64) (int64, bool) {
 		return (n*unit + 999) / 1000, true
 	}
 	scale, ok := integerScale[suffix]
-	if !ok || n > (1<<62)/scale/unit {
-		return 0, false
+	if !ok || n > maxQuantity/(scale*unit) {
+		return 0, false // too large here: the exact path says so
 	}
 	return n * scale * unit, true
 }

@@ -70,6 +70,7 @@ var (
 	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	fileRE    = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$`)
 	minMemory = int64(6 << 20) // Docker refuses smaller limits.
+	maxMemory = int64(1 << 50) // 1Pi: four times it (an OOM retry's cap) still counts
 )
 
 // ValidID reports whether s may be used as a job id: 1 to 128 characters of
@@ -161,6 +162,8 @@ func (r *Request) Validate(l Limits) error {
 				v.add("resources.memory", "%v", err)
 			} else if m < minMemory {
 				v.add("resources.memory", "%q is below the minimum of 6Mi", res.Memory)
+			} else if m > maxMemory {
+				v.add("resources.memory", "%q is over the maximum of 1Pi", res.Memory)
 			}
 		}
 		if res.GPU < 0 || res.GPU > l.MaxGPU {
