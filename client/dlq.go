@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -63,7 +64,7 @@ func (c *Client) DeadLetters(ctx context.Context, pool string) ([]*DeadLetter, e
 }
 
 func decodeDeadLetter(m jetstream.Msg) (*DeadLetter, error) {
-	req, err := job.DecodeRequest(m.Data(), job.Limits{})
+	req, err := job.DecodeRequest(m.Data(), job.Limits{MaxRequestBytes: math.MaxInt})
 	if err != nil {
 		return nil, err
 	}

@@ -16,9 +16,12 @@ package capacity
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -41,13 +44,24 @@ type Store struct {
 	prefix string
 }
 
+// TLS names the files of a TLS connection to Redis: a CA bundle to trust
+// (the system's when empty) and a client certificate and key.
+type TLS struct {
+	CA, Cert, Key string
+}
+
 // Open connects to Redis at url: redis://[user:password@]host:port/db, or
 // rediss:// for TLS. It does not wait for Redis to answer: callers work on
 // while it is away.
-func Open(url, prefix string) (*Store, error) {
+func Open(url, prefix string, tlsFiles ...TLS) (*Store, error) {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("redis url: %w", redactErr(err, url))
+	}
+	if len(tlsFiles) > 0 && opts.TLSConfig != nil {
+		if err := tlsFiles[0].apply(opts.TLSConfig); err != nil {
+			return nil, err
+		}
 	}
 	opts.DialTimeout = 2 * time.Second
 	opts.ReadTimeout = 2 * time.Second
@@ -214,12 +228,33 @@ func (s *Store) lastHeartbeat(ctx context.Context, worker string) (*job.Heartbea
 	return &hb, nil
 }
 
-// redactErr keeps a password in a URL out of error messages.
+// redactErr keeps a password in a URL out of error messages: errors about
+// a URL with credentials say only that it does not parse.
 func redactErr(err error, url string) error {
-	if i := strings.Index(url, "@"); i > 0 {
-		if j := strings.Index(url, "://"); j >= 0 && j < i {
-			return errors.New(strings.ReplaceAll(err.Error(), url[j+3:i], "[redacted]"))
-		}
+	if !strings.Contains(url, "@") {
+		return err
 	}
-	return err
+	return errors.New("the URL does not parse (its user name and password must be URL-escaped)")
+}
+
+func (t TLS) apply(c *tls.Config) error {
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return fmt.Errorf("redis CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("redis CA: no certificate in %s", t.CA)
+		}
+		c.RootCAs = pool
+	}
+	if t.Cert != "" || t.Key != "" {
+		cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return fmt.Errorf("redis client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return nil
 }

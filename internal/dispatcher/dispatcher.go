@@ -108,6 +108,17 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.stop = cancel
+	intake, err := d.js.KeyValue(ctx, d.names.IntakeBucket())
+	if err != nil {
+		return fmt.Errorf("open bucket %s: %w", d.names.IntakeBucket(), err)
+	}
+	p, err := d.startPeers(runCtx)
+	if err != nil {
+		return fmt.Errorf("announce the dispatcher: %w", err)
+	}
+	d.replies.peers, d.replies.claim = p.any, claimer(intake)
 	// Every dispatcher sees the core copy of every request sent with a reply
 	// subject; the one that processes its stream copy answers it.
 	d.core, err = d.nc.Subscribe(d.names.Submit(), d.replies.onRequest)
@@ -122,8 +133,6 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", d.names.SubmitStream(), err)
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.stop = cancel
 	d.wg.Add(3)
 	go d.consume(runCtx)
 	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()

@@ -49,8 +49,15 @@ func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
 // message id, oldest first; whichever arrives second completes the pair.
 // Identical requests without ids are distinct jobs: each gets its own
 // answer. Unmatched entries expire.
+//
+// With several dispatchers, each holds every reply subject, and two of them
+// may pick the same one for two identical requests. So then a dispatcher
+// claims a reply subject (a create in the intake bucket, which only one can
+// win) before it answers; alone, it needs no claim.
 type replies struct {
 	nc      *nats.Conn
+	claim   func(subject string) bool // reports whether this dispatcher won the subject
+	peers   func() bool               // reports whether other dispatchers run
 	mu      sync.Mutex
 	waiting map[[32]byte][]pending // requests not answered yet
 	early   map[[32]byte][]pending // answers whose request was not seen yet
@@ -71,7 +78,8 @@ const (
 )
 
 func newReplies(nc *nats.Conn) *replies {
-	return &replies{nc: nc, waiting: map[[32]byte][]pending{}, early: map[[32]byte][]pending{}}
+	return &replies{nc: nc, waiting: map[[32]byte][]pending{}, early: map[[32]byte][]pending{},
+		claim: func(string) bool { return true }, peers: func() bool { return false }}
 }
 
 func replyKey(data []byte, h nats.Header) [32]byte {
@@ -84,6 +92,9 @@ func replyKey(data []byte, h nats.Header) [32]byte {
 	return k
 }
 
+// owns reports whether this dispatcher may answer subject.
+func (r *replies) owns(subject string) bool { return !r.peers() || r.claim(subject) }
+
 // onRequest sees the core copy of a submission.
 func (r *replies) onRequest(m *nats.Msg) {
 	if m.Reply == "" {
@@ -91,17 +102,21 @@ func (r *replies) onRequest(m *nats.Msg) {
 	}
 	k := replyKey(m.Data, m.Header)
 	r.mu.Lock()
-	if q := r.early[k]; len(q) > 0 {
-		ans := q[0]
-		r.early[k] = pop(q)
-		if len(r.early[k]) == 0 {
-			delete(r.early, k)
-		}
+	ans, ok := shift(r.early, k)
+	if !ok {
+		r.waiting[k] = append(r.waiting[k], pending{at: time.Now(), subj: m.Reply})
 		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	if r.owns(m.Reply) {
 		_ = r.nc.Publish(m.Reply, ans.data)
 		return
 	}
-	r.waiting[k] = append(r.waiting[k], pending{at: time.Now(), subj: m.Reply})
+	// Another dispatcher answered this request: the answer waits for the
+	// next identical one.
+	r.mu.Lock()
+	r.early[k] = append([]pending{ans}, r.early[k]...)
 	r.mu.Unlock()
 }
 
@@ -111,24 +126,36 @@ func (r *replies) answer(k [32]byte, reply *Reply) {
 	if err != nil {
 		return
 	}
-	r.mu.Lock()
-	if q := r.waiting[k]; len(q) > 0 {
-		w := q[0]
-		r.waiting[k] = pop(q)
-		if len(r.waiting[k]) == 0 {
-			delete(r.waiting, k)
+	for {
+		r.mu.Lock()
+		w, ok := shift(r.waiting, k)
+		if !ok {
+			r.early[k] = append(r.early[k], pending{at: time.Now(), data: data})
+			r.mu.Unlock()
+			return
 		}
 		r.mu.Unlock()
-		_ = r.nc.Publish(w.subj, data)
-		return
+		if r.owns(w.subj) {
+			_ = r.nc.Publish(w.subj, data)
+			return
+		}
+		// Answered by another dispatcher: try the next one.
 	}
-	r.early[k] = append(r.early[k], pending{at: time.Now(), data: data})
-	r.mu.Unlock()
 }
 
-func pop(q []pending) []pending {
-	copy(q, q[1:])
-	return q[:len(q)-1]
+// shift takes the oldest entry of key k.
+func shift(m map[[32]byte][]pending, k [32]byte) (pending, bool) {
+	q := m[k]
+	if len(q) == 0 {
+		return pending{}, false
+	}
+	p := q[0]
+	if len(q) == 1 {
+		delete(m, k)
+	} else {
+		m[k] = q[1:]
+	}
+	return p, true
 }
 
 // sweep drops expired entries until ctx ends.

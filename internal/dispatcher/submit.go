@@ -50,6 +50,11 @@ func (e errTransient) Unwrap() error { return e.err }
 // rejection is a Reply with Error set; an error means the fleet could not
 // answer (NATS unavailable) and the caller may retry.
 func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
 	m := nats.NewMsg(d.names.Submit())
 	m.Data = data
 	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(m.Header))

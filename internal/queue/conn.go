@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -39,6 +40,9 @@ type ConnConfig struct {
 func Connect(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 	if c.URL == "" {
 		c.URL = nats.DefaultURL
+	}
+	if err := checkURLs(c.URL); err != nil {
+		return nil, err
 	}
 	log := c.Logger
 	if log == nil {
@@ -111,16 +115,43 @@ func Connect(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 	}
 }
 
-// redact removes credentials from a URL before it is logged.
+// redact removes credentials from a URL before it is logged: everything
+// before the last @, keeping the scheme when there is a real one.
 func redact(u string) string {
-	scheme, rest, ok := strings.Cut(u, "://")
-	if !ok {
+	at := strings.LastIndex(u, "@")
+	if at < 0 {
 		return u
 	}
-	if at := strings.LastIndex(rest, "@"); at >= 0 {
-		return scheme + "://[redacted]@" + rest[at+1:]
+	scheme := ""
+	if s, _, ok := strings.Cut(u, "://"); ok && isScheme(strings.TrimSpace(s)) {
+		scheme = strings.TrimSpace(s) + "://"
 	}
-	return u
+	return scheme + "[redacted]@" + u[at+1:]
+}
+
+func isScheme(s string) bool {
+	for i, r := range s {
+		letter := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !letter && (i == 0 || !(r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.')) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// checkURLs refuses URLs that do not parse, with a message that does not
+// quote them: url.Parse's errors would show a password.
+func checkURLs(list string) error {
+	for _, u := range strings.Split(list, ",") {
+		u = strings.TrimSpace(u)
+		if u != "" && !strings.Contains(u, "://") {
+			u = "nats://" + u
+		}
+		if _, err := url.Parse(u); err != nil {
+			return fmt.Errorf("NATS URL %s does not parse (a password in it must be URL-escaped)", redact(u))
+		}
+	}
+	return nil
 }
 
 // FileSecret reads a secret from a file, trimming a final newline, so that

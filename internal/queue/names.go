@@ -50,6 +50,13 @@ func (n Names) DLQ(pool string) string     { return n.prefix() + ".dlq." + pool 
 func (n Names) AllDLQ() string             { return n.prefix() + ".dlq.>" }
 func (n Names) KVSubject(id string) string { return "$KV." + n.Bucket() + "." + id }
 
+// Dispatchers is where dispatchers tell each other they run.
+func (n Names) Dispatchers() string { return n.prefix() + ".dispatchers" }
+
+// IntakeBucket holds the dispatchers' claims on reply subjects, for a
+// minute each.
+func (n Names) IntakeBucket() string { return n.prefix() + "-intake" }
+
 // JobID returns the job id at the end of an events, results or cancel
 // subject. Ids may contain dots, so it is everything after the third token.
 func (n Names) JobID(subject string) string {

@@ -135,13 +135,29 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config) error {
 			return fmt.Errorf("create stream %s: %w", sc.Name, err)
 		}
 	}
-	if err := retry(ctx, func() error {
-		_, err := js.CreateOrUpdateKeyValue(ctx, c.KeyValue())
-		return err
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", c.KeyValue().Bucket, err)
+	for _, kv := range []jetstream.KeyValueConfig{c.KeyValue(), c.IntakeKeyValue()} {
+		if err := retry(ctx, func() error {
+			_, err := js.CreateOrUpdateKeyValue(ctx, kv)
+			return err
+		}); err != nil {
+			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
+		}
 	}
 	return nil
+}
+
+// IntakeKeyValue returns the configuration of the dispatchers' claims
+// bucket: small, in memory, each claim gone after two minutes.
+func (c Config) IntakeKeyValue() jetstream.KeyValueConfig {
+	c = c.WithDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:      c.IntakeBucket(),
+		Description: "Dispatchers' claims on the reply subjects of requests",
+		History:     1,
+		TTL:         2 * time.Minute,
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    c.Replicas,
+	}
 }
 
 // IntakeConsumer creates or updates the dispatchers' consumer on the submit

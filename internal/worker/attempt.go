@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -67,7 +68,11 @@ func (a *attempt) handle() error {
 	if err != nil {
 		return fmt.Errorf("message metadata: %w", err)
 	}
-	req, err := job.DecodeRequest(a.msg.Data(), w.cfg.Limits)
+	// The dispatcher bounded the request's size at intake; its re-encoding
+	// may be larger (JSON escapes), and is not held against it.
+	lim := w.cfg.Limits
+	lim.MaxRequestBytes = math.MaxInt
+	req, err := job.DecodeRequest(a.msg.Data(), lim)
 	if err == nil {
 		err = req.Validate(w.cfg.Limits)
 	}

@@ -1,0 +1,96 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// peers tracks the other dispatchers: each says it runs every two seconds
+// on the dispatchers subject, and is forgotten after three silent ones.
+type peers struct {
+	self string
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+const pingEvery = 2 * time.Second
+
+func (d *Dispatcher) startPeers(ctx context.Context) (*peers, error) {
+	p := &peers{self: job.NewID(), seen: map[string]time.Time{}}
+	ping := func() { _ = d.nc.Publish(d.names.Dispatchers(), []byte(p.self)) }
+	sub, err := d.nc.Subscribe(d.names.Dispatchers(), func(m *nats.Msg) {
+		id := string(m.Data)
+		if id == p.self {
+			return
+		}
+		p.mu.Lock()
+		_, known := p.seen[id]
+		p.seen[id] = time.Now()
+		p.mu.Unlock()
+		if !known {
+			ping() // a newcomer learns of this dispatcher at once
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Say so before taking any submission, and give the others a moment to
+	// answer: from then on, every dispatcher knows it is not alone.
+	ping()
+	if err := d.nc.FlushTimeout(5 * time.Second); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	time.Sleep(250 * time.Millisecond)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer sub.Unsubscribe()
+		t := time.NewTicker(pingEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				ping()
+			}
+		}
+	}()
+	return p, nil
+}
+
+// any reports whether another dispatcher was heard from recently.
+func (p *peers) any() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, at := range p.seen {
+		if time.Since(at) < 3*pingEvery {
+			return true
+		}
+		delete(p.seen, id)
+	}
+	return false
+}
+
+// claimer returns the function that claims a reply subject in the intake
+// bucket. When the bucket cannot answer, it lets the dispatcher answer:
+// a rare answer twice is better than none.
+func claimer(kv jetstream.KeyValue) func(string) bool {
+	return func(subject string) bool {
+		sum := sha256.Sum256([]byte(subject))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := kv.Create(ctx, hex.EncodeToString(sum[:16]), nil)
+		return !errors.Is(err, jetstream.ErrKeyExists)
+	}
+}

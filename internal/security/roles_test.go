@@ -1,0 +1,336 @@
+package security_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// fleet is a dispatcher, a worker of pool "default" and a producer's
+// client, each connected with its own role's key to a server running the
+// shipped configuration.
+type fleet struct {
+	srv      *natsServer
+	keys     keys
+	disp     *conn
+	work     *conn
+	prod     *conn
+	client   *client.Client
+	d        *dispatcher.Dispatcher
+	queueCfg queue.Config
+}
+
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	k := makeKeys(t, roleDispatcher, roleProducer, roleWorker("default"))
+	f := &fleet{srv: startServer(t, shipped(t, "fleet.conf")), keys: k,
+		queueCfg: queue.Config{AckWait: 5 * time.Second}}
+	f.disp = connectAs(t, f.srv.url(), k, roleDispatcher)
+	f.d = f.startDispatcher(t, f.disp)
+	f.work = connectAs(t, f.srv.url(), k, roleWorker("default"))
+	f.startWorker(t, f.work, "w-security")
+	f.prod = connectAs(t, f.srv.url(), k, roleProducer)
+	var err error
+	if f.client, err = client.New(f.prod.Conn); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// startDispatcher starts a dispatcher on a dispatcher's connection.
+func (f *fleet) startDispatcher(t *testing.T, c *conn) *dispatcher.Dispatcher {
+	t.Helper()
+	d, err := dispatcher.New(c.Conn, dispatcher.Config{Queue: f.queueCfg, Logger: fleettest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := d.Start(ctx); err != nil {
+		t.Fatalf("dispatcher start: %v (violations: %q)", err, f.srv.log.violations())
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = d.Stop(ctx)
+	})
+	return d
+}
+
+// startWorker starts a worker of pool "default" on a worker's connection.
+func (f *fleet) startWorker(t *testing.T, c *conn, id string) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(c.Conn, testExecutor{}, worker.Config{ID: id, Pool: "default", Slots: 4,
+		Backend: "process", Queue: f.queueCfg, FetchWait: 500 * time.Millisecond,
+		Retry:  func(*job.RetryPolicy, int) time.Duration { return 50 * time.Millisecond },
+		Logger: fleettest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		t.Fatalf("worker start: %v (violations: %q)", err, f.srv.log.violations())
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Stop(ctx)
+	})
+	return w
+}
+
+// noViolations fails the test if the server refused anything to anyone.
+func (f *fleet) noViolations(t *testing.T) {
+	t.Helper()
+	if v := f.srv.log.violations(); len(v) > 0 {
+		t.Errorf("the server refused %d operations:\n%s", len(v), strings.Join(v, "\n"))
+	}
+	for role, c := range map[string]*conn{"dispatcher": f.disp, "worker": f.work, "producer": f.prod} {
+		if e := c.errs.all(); len(e) > 0 {
+			t.Errorf("%s got asynchronous errors: %q", role, e)
+		}
+	}
+}
+
+// testExecutor runs a request by its first argument: "ok" succeeds with an
+// output, "fail" exits 3, "block" runs until cancelled.
+type testExecutor struct{}
+
+func (testExecutor) Run(ctx context.Context, task *worker.Task) (*worker.Outcome, error) {
+	start := time.Now()
+	switch task.Request.Command[0] {
+	case "ok":
+		task.Report.Log("stdout", "hello")
+		return worker.Succeeded(start, map[string]string{"out.txt": "hi"}), nil
+	case "fail":
+		code := 3
+		return &worker.Outcome{Status: job.StatusFailed, ExitCode: &code, StartedAt: start, FinishedAt: time.Now(),
+			Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exit code 3")}, nil
+	case "block":
+		task.Report.Phase("running", "waiting to be cancelled")
+		<-ctx.Done()
+		return worker.CancelledOutcome(ctx, start), nil
+	}
+	return nil, errors.New("unknown command")
+}
+
+func (f *fleet) submit(t *testing.T, r *job.Request) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := f.client.Submit(ctx, r)
+	if err != nil {
+		t.Fatalf("submit: %v (violations: %q)", err, f.srv.log.violations())
+	}
+	return s.JobID
+}
+
+func (f *fleet) result(t *testing.T, id string) *job.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := f.client.Result(ctx, id)
+	if err != nil {
+		t.Fatalf("result of %s: %v (violations: %q)", id, err, f.srv.log.violations())
+	}
+	return r
+}
+
+// TestEachRoleDoesItsWork runs every path of a job through a fleet whose
+// processes each hold only their role's permissions, and checks that the
+// server refused nothing.
+func TestEachRoleDoesItsWork(t *testing.T) {
+	f := startFleet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	t.Run("succeeds", func(t *testing.T) {
+		id := f.submit(t, &job.Request{Command: []string{"ok"}, Outputs: []string{"out.txt"}})
+		r := f.result(t, id)
+		if r.Status != job.StatusSucceeded || r.Outputs["out.txt"] != "hi" {
+			t.Fatalf("result: %+v", r)
+		}
+		var types []job.EventType
+		for e, err := range f.client.Events(ctx, id) {
+			if err != nil {
+				t.Fatalf("events: %v", err)
+			}
+			types = append(types, e.Type)
+		}
+		if len(types) < 3 || types[0] != job.EventQueued || types[len(types)-1] != job.EventSucceeded {
+			t.Fatalf("events: %v", types)
+		}
+		st, err := f.client.Status(ctx, id)
+		if err != nil || st.Job.State != job.StateSucceeded || st.Result == nil {
+			t.Fatalf("status: %+v, %v", st, err)
+		}
+		// What the HTTP API's GET /v1/jobs/{id} returns.
+		dst, err := f.d.Status(ctx, id)
+		if err != nil || dst.Result == nil || dst.Result.Status != job.StatusSucceeded {
+			t.Fatalf("dispatcher status: %+v, %v", dst, err)
+		}
+	})
+
+	t.Run("fails, is retried, and is dead-lettered", func(t *testing.T) {
+		dlq := f.srv.streamMsgs(t, "FLEET_DLQ")
+		id := f.submit(t, &job.Request{Command: []string{"fail"}, Retry: &job.RetryPolicy{MaxAttempts: 2}})
+		r := f.result(t, id)
+		if r.Status != job.StatusFailed || r.Attempts != 2 {
+			t.Fatalf("result: %+v", r)
+		}
+		// The dead letter follows the result.
+		deadline := time.Now().Add(5 * time.Second)
+		for f.srv.streamMsgs(t, "FLEET_DLQ") != dlq+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("dead letters: %d, want %d", f.srv.streamMsgs(t, "FLEET_DLQ"), dlq+1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+
+	t.Run("is cancelled while running", func(t *testing.T) {
+		id := f.submit(t, &job.Request{Command: []string{"block"}})
+		for e, err := range f.client.Events(ctx, id) {
+			if err != nil {
+				t.Fatalf("events: %v", err)
+			}
+			if e.Type == job.EventStarted {
+				break
+			}
+		}
+		// The worker hears the request too and may stop the job before the
+		// dispatcher looks: then the dispatcher finds it cancelled already.
+		c, err := f.client.Cancel(ctx, id)
+		if err != nil || (!c.Cancelled && c.State != job.StateCancelled) {
+			t.Fatalf("cancel: %+v, %v", c, err)
+		}
+		if r := f.result(t, id); r.Status != job.StatusCancelled {
+			t.Fatalf("result: %+v", r)
+		}
+	})
+
+	t.Run("is cancelled while queued", func(t *testing.T) {
+		// No worker serves this pool: the dispatcher finishes the job.
+		id := f.submit(t, &job.Request{Pool: "idle", Command: []string{"ok"}})
+		c, err := f.client.Cancel(ctx, id)
+		if err != nil || !c.Cancelled {
+			t.Fatalf("cancel: %+v, %v", c, err)
+		}
+		if r := f.result(t, id); r.Status != job.StatusCancelled {
+			t.Fatalf("result: %+v", r)
+		}
+	})
+
+	t.Run("is awaited before it ends", func(t *testing.T) {
+		id := f.submit(t, &job.Request{Pool: "idle", Command: []string{"ok"}})
+		// fleetctl bench follows events and results as core messages.
+		live, err := f.prod.SubscribeSync(queue.Names{}.Results(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		liveEvents, err := f.prod.SubscribeSync(queue.Names{}.Events(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *job.Result, 1)
+		go func() {
+			r, err := f.client.Result(ctx, id) // no result yet: an ordered consumer waits
+			if err != nil {
+				t.Errorf("result: %v", err)
+			}
+			got <- r
+		}()
+		time.Sleep(300 * time.Millisecond)
+		if _, err := f.client.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-got; r == nil || r.Status != job.StatusCancelled {
+			t.Fatalf("result: %+v", r)
+		}
+		if _, err := live.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("live result: %v", err)
+		}
+		if _, err := liveEvents.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("live event: %v", err)
+		}
+	})
+
+	t.Run("is submitted twice", func(t *testing.T) {
+		r := &job.Request{ID: "twice", Command: []string{"ok"}}
+		f.submit(t, r)
+		s, err := f.client.Submit(ctx, r)
+		if err != nil || !s.Duplicate {
+			t.Fatalf("second submit: %+v, %v", s, err)
+		}
+	})
+
+	t.Run("is submitted and cancelled through the HTTP API", func(t *testing.T) {
+		// POST /v1/jobs sends the request through fleet.submit, as any
+		// producer's would go; the dispatcher answers its own request.
+		api := httptest.NewServer(dispatcher.NewAPI(f.d))
+		defer api.Close()
+		hc := &http.Client{Timeout: 10 * time.Second}
+		resp, err := hc.Post(api.URL+"/v1/jobs", "application/json", strings.NewReader(`{"pool":"idle","command":["ok"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply dispatcher.Reply
+		err = json.NewDecoder(resp.Body).Decode(&reply)
+		resp.Body.Close()
+		if err != nil || reply.JobID == "" {
+			t.Fatalf("POST /v1/jobs: %s %+v, %v", resp.Status, reply, err)
+		}
+		resp, err = hc.Post(api.URL+"/v1/jobs/"+reply.JobID+"/cancel", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("cancel: %s", resp.Status)
+		}
+		if r := f.result(t, reply.JobID); r.Status != job.StatusCancelled {
+			t.Fatalf("result: %+v", r)
+		}
+	})
+
+	t.Run("is rejected", func(t *testing.T) {
+		_, err := f.client.SubmitJSON(ctx, []byte(`{"id":"bad-request","timeout":"soon"}`))
+		var rej *client.RejectedError
+		if !errors.As(err, &rej) || !strings.Contains(rej.Reason, "timeout") {
+			t.Fatalf("submit: %v", err)
+		}
+		st, err := f.client.Status(ctx, "bad-request")
+		if err != nil || st.Job.State != job.StateRejected {
+			t.Fatalf("status: %+v, %v", st, err)
+		}
+	})
+
+	t.Run("restarted processes find what exists", func(t *testing.T) {
+		// A second dispatcher updates the streams, bucket and consumer the
+		// first one created; a second worker updates its pool's consumer.
+		// Each has its own connection, as a process would: the server
+		// lets a connection answer a request once, and a connection with
+		// two dispatchers would receive each request twice.
+		f.startDispatcher(t, connectAs(t, f.srv.url(), f.keys, roleDispatcher))
+		f.startWorker(t, connectAs(t, f.srv.url(), f.keys, roleWorker("default")), "w-security-2")
+		id := f.submit(t, &job.Request{Command: []string{"ok"}})
+		if r := f.result(t, id); r.Status != job.StatusSucceeded {
+			t.Fatalf("result: %+v", r)
+		}
+	})
+
+	f.noViolations(t)
+}

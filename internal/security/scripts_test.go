@@ -1,0 +1,89 @@
+package security_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/queue"
+)
+
+// TestOperatorScripts follows deploy/nats/README.md: gen-nkeys.sh makes
+// the keys of the roles and of two pools, add-pool.sh adds the second
+// pool, and each role connects with its seed file and does its first step.
+func TestOperatorScripts(t *testing.T) {
+	_, err := exec.LookPath("go")
+	fleettest.Require(t, err == nil, "the go command, to build nk: %v", err)
+
+	dir := t.TempDir()
+	out, err := exec.Command("sh", shipped(t, "gen-nkeys.sh"), dir, "default", "gpu-a100").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gen-nkeys.sh: %v\n%s", err, out)
+	}
+	env, err := os.ReadFile(filepath.Join(dir, "nkeys.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(env))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), "=")
+		if !ok || !strings.HasPrefix(v, "U") {
+			t.Fatalf("nkeys.env: %q", sc.Text())
+		}
+		vars[k] = v
+		t.Setenv(k, v)
+	}
+	for _, v := range []string{"FLEET_NKEY_DISPATCHER", "FLEET_NKEY_PRODUCER", "FLEET_NKEY_WORKER_DEFAULT", "FLEET_NKEY_WORKER_GPU_A100"} {
+		if vars[v] == "" {
+			t.Fatalf("nkeys.env has no %s:\n%s", v, env)
+		}
+	}
+	k := keys{}
+	for _, role := range []string{roleDispatcher, roleProducer, roleWorker("default"), roleWorker("gpu-a100")} {
+		seed := filepath.Join(dir, role+".nk")
+		st, err := os.Stat(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", seed, st.Mode().Perm())
+		}
+		k[role] = seed
+	}
+
+	s := startServer(t, withPool(t, "gpu-a100"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	disp := connectAs(t, s.url(), k, roleDispatcher)
+	djs, _ := jetstream.New(disp.Conn)
+	if err := queue.Setup(ctx, djs, queue.Config{}); err != nil {
+		t.Fatalf("dispatcher: %v", err)
+	}
+	for _, pool := range []string{"default", "gpu-a100"} {
+		w := connectAs(t, s.url(), k, roleWorker(pool))
+		wjs, _ := jetstream.New(w.Conn)
+		if _, err := queue.PoolConsumer(ctx, wjs, queue.Config{}, pool); err != nil {
+			t.Fatalf("worker of %s: %v", pool, err)
+		}
+	}
+	prod := connectAs(t, s.url(), k, roleProducer)
+	if err := prod.Publish("fleet.submit", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := prod.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if v := s.log.violations(); len(v) > 0 {
+		t.Fatalf("refused: %q", v)
+	}
+}
