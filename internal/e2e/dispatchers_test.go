@@ -98,4 +98,3 @@ func TestSeveralDispatchersShareTheWork(t *testing.T) {
 		t.Errorf("%d answers for %d submissions", len(seen), n)
 	}
 }
-
