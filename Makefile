@@ -40,6 +40,17 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./internal/... ./job/...
 	./scripts/bench.sh
 
+## fuzz: every fuzz target for FUZZTIME each (make test runs their seed corpora)
+FUZZTIME ?= 60s
+FUZZPKGS := ./job/ ./internal/queue/ ./internal/capacity/
+fuzz:
+	@set -e; for pkg in $(FUZZPKGS); do \
+	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$t ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
 ## lint: formatting and vet
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

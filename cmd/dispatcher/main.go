@@ -52,6 +52,7 @@ type flags struct {
 	memoryStore bool
 	pprof       bool
 	redisURL    string
+	redisTLS    capacity.TLS
 	admission   string
 	heartbeat   time.Duration
 	tokenFile   string
@@ -77,6 +78,9 @@ func run(args []string) error {
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
 	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis holding the workers' heartbeats and slot leases (redis:// or rediss://; empty: no capacity)")
+	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
+	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
+	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
 	fs.StringVar(&f.admission, "admission", capacity.AdmitReject,
 		"a request no live worker of its pool could ever run: reject, queue (with a warning; for pools that scale from zero) or off")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "the workers' heartbeat interval; the reaper looks this often")
@@ -130,7 +134,7 @@ func run(args []string) error {
 	var caps *capacity.Store
 	var admission dispatcher.Admission
 	if f.redisURL != "" {
-		if caps, err = capacity.Open(f.redisURL, f.prefix); err != nil {
+		if caps, err = capacity.Open(f.redisURL, f.prefix, f.redisTLS); err != nil {
 			return err
 		}
 		defer caps.Close()

@@ -60,6 +60,7 @@ type flags struct {
 	maxOutput    int64
 	pprof        bool
 	redisURL     string
+	redisTLS     capacity.TLS
 	heartbeat    time.Duration
 	cpu, memory  string
 	gpus         int
@@ -100,6 +101,9 @@ func run(args []string) error {
 	fs.Int64Var(&f.maxOutput, "max-output-bytes", 512<<10, "largest total size of an attempt's declared outputs")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
 	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for heartbeats and slot leases (redis:// or rediss://; empty: none)")
+	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
+	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
+	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "how often the worker reports its capacity; it is forgotten after three intervals")
 	fs.StringVar(&f.cpu, "cpu", "", "CPU the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
 	fs.StringVar(&f.memory, "memory", "", "memory the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
@@ -170,7 +174,7 @@ func run(args []string) error {
 		}
 		rc.Draining = func() bool { return w != nil && w.Draining() }
 		rc.Logger = log
-		caps, err := capacity.Open(f.redisURL, f.prefix)
+		caps, err := capacity.Open(f.redisURL, f.prefix, f.redisTLS)
 		if err != nil {
 			return err
 		}
