@@ -96,7 +96,7 @@ func (l *LogFlags) Logger(w io.Writer) (*slog.Logger, error) {
 // from files or from FLEET_NATS_PASSWORD and FLEET_NATS_TOKEN, never from
 // the command line, where other users could read them.
 type NATSFlags struct {
-	URL, Creds, NKey, User, PasswordFile, TokenFile, CA, Cert, Key string
+	URL, Creds, NKey, User, PasswordFile, TokenFile, CA, Cert, Key, InboxPrefix string
 }
 
 // Register adds the NATS flags.
@@ -110,12 +110,13 @@ func (n *NATSFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&n.CA, "nats-ca", "", "CA bundle to verify the NATS server's certificate")
 	fs.StringVar(&n.Cert, "nats-cert", "", "client certificate for NATS mutual TLS")
 	fs.StringVar(&n.Key, "nats-key", "", "client key for NATS mutual TLS")
+	fs.StringVar(&n.InboxPrefix, "nats-inbox-prefix", "", "prefix of this process's reply subjects (default _INBOX; see deploy/nats)")
 }
 
 // Config returns the connection configuration, reading secret files.
 func (n *NATSFlags) Config(name string, log *slog.Logger) (queue.ConnConfig, error) {
 	c := queue.ConnConfig{URL: n.URL, Name: name, CredsFile: n.Creds, NKeyFile: n.NKey, User: n.User,
-		TLSCA: n.CA, TLSCert: n.Cert, TLSKey: n.Key, Logger: log,
+		TLSCA: n.CA, TLSCert: n.Cert, TLSKey: n.Key, InboxPrefix: n.InboxPrefix, Logger: log,
 		Password: os.Getenv("FLEET_NATS_PASSWORD"), Token: os.Getenv("FLEET_NATS_TOKEN")}
 	var err error
 	if n.PasswordFile != "" {

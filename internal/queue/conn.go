@@ -29,6 +29,10 @@ type ConnConfig struct {
 	Token string
 	// TLS: a CA bundle to trust, and a client certificate and key for mTLS.
 	TLSCA, TLSCert, TLSKey string
+	// InboxPrefix replaces _INBOX as the prefix of the connection's reply
+	// subjects, so that a server can give each role inboxes of its own
+	// (see deploy/nats). Defaults to _INBOX.
+	InboxPrefix string
 	// ConnectTimeout bounds the first connection. Defaults to 10 seconds;
 	// afterwards the client reconnects for ever.
 	ConnectTimeout time.Duration
@@ -87,6 +91,9 @@ func Connect(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 	}
 	if c.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(c.TLSCA))
+	}
+	if c.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
 	}
 	if c.TLSCert != "" || c.TLSKey != "" {
 		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))

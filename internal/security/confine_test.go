@@ -129,6 +129,25 @@ func TestRolesAreConfined(t *testing.T) {
 		}
 	})
 
+	t.Run("no role can overhear another's inboxes", func(t *testing.T) {
+		for _, tc := range []struct {
+			c       *conn
+			subject string
+		}{
+			{prod, "_INBOX.>"},
+			{prod, "_INBOX.worker.default.>"},
+			{work, "_INBOX.dispatcher.>"},
+			{work, "_INBOX.worker.other.>"},
+			{other, "_INBOX.producer.>"},
+			{disp, "_INBOX.worker.default.>"},
+		} {
+			if _, err := tc.c.SubscribeSync(tc.subject); err != nil {
+				t.Fatal(err)
+			}
+			refused(t, s, tc.c, tc.subject)
+		}
+	})
+
 	t.Run("a producer cannot take jobs, read dead letters, or change streams", func(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()

@@ -94,7 +94,7 @@ func TestTLSWithClientCertificates(t *testing.T) {
 
 	t.Run("a client with the CA, its certificate and its key gets in", func(t *testing.T) {
 		c := connect(t, queue.ConnConfig{URL: url, Name: "dispatcher", NKeyFile: k[roleDispatcher],
-			TLSCA: serverCA.file, TLSCert: clientCert, TLSKey: clientKey})
+			TLSCA: serverCA.file, TLSCert: clientCert, TLSKey: clientKey, InboxPrefix: inboxPrefix(roleDispatcher)})
 		st, err := c.TLSConnectionState()
 		if err != nil || !st.HandshakeComplete || len(st.PeerCertificates) == 0 ||
 			st.PeerCertificates[0].Subject.CommonName != "nats" {

@@ -284,7 +284,16 @@ func connectAs(t testing.TB, url string, k keys, role string) *conn {
 	if !ok {
 		t.Fatalf("no key for role %s", role)
 	}
-	return connect(t, queue.ConnConfig{URL: url, Name: role, NKeyFile: seed})
+	return connect(t, queue.ConnConfig{URL: url, Name: role, NKeyFile: seed, InboxPrefix: inboxPrefix(role)})
+}
+
+// inboxPrefix is the prefix of a role's reply subjects, as fleet.conf
+// allows them: _INBOX.dispatcher, _INBOX.producer, _INBOX.worker.<pool>.
+func inboxPrefix(role string) string {
+	if pool, ok := strings.CutPrefix(role, "worker-"); ok {
+		return "_INBOX.worker." + pool
+	}
+	return "_INBOX." + role
 }
 
 func connect(t testing.TB, cc queue.ConnConfig) *conn {
