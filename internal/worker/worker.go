@@ -341,8 +341,13 @@ func (w *Worker) pull() {
 	}
 }
 
-// onCancel stops the attempt of a job this worker runs.
+// onCancel stops the attempt of a job this worker runs, when the
+// dispatcher says so: it has recorded the cancel first, so that the
+// record, the answer to the user and the outcome agree.
 func (w *Worker) onCancel(m *nats.Msg) {
+	if m.Header.Get(queue.HeaderCancelNotice) == "" {
+		return // a user's request, for the dispatcher
+	}
 	id := w.names.JobID(m.Subject)
 	w.mu.Lock()
 	a := w.running[id]
