@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -34,6 +36,7 @@ func init() {
 			fs.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is reported per job")
 			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
 			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
+			fs.StringVar(&o.metrics, "metrics", "", "a worker's /metrics URL: report its Redis round trips per job")
 		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			return bench(ctx, e, o)
@@ -46,6 +49,7 @@ type benchOpts struct {
 	pool, command      string
 	image              string
 	pids               string
+	metrics            string
 	timeout            time.Duration
 }
 
@@ -61,6 +65,8 @@ type benchReport struct {
 	ResultP50Ms   float64 `json:"submit_to_result_p50_ms"`
 	ResultP99Ms   float64 `json:"submit_to_result_p99_ms"`
 	CPUPerJobUs   float64 `json:"cpu_per_job_us,omitempty"`
+	// RedisCallsPerJob is measured with --metrics.
+	RedisCallsPerJob float64 `json:"redis_calls_per_job,omitempty"`
 }
 
 func bench(ctx context.Context, e *env, o benchOpts) error {
@@ -142,6 +148,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	if err != nil {
 		return err
 	}
+	calls0 := redisCalls(ctx, o.metrics)
 	req := job.Request{Pool: o.pool, Command: strings.Fields(o.command)}
 	if o.image != "" {
 		req.Image, req.PullPolicy = o.image, job.PullNever
@@ -182,6 +189,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	}
 	elapsed := time.Since(begin)
 	cpu1, _ := cpuTime(o.pids)
+	calls1 := redisCalls(ctx, o.metrics)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -192,6 +200,9 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	if o.pids != "" && done > 0 {
 		r.CPUPerJobUs = float64((cpu1 - cpu0).Microseconds()) / float64(done)
 	}
+	if o.metrics != "" && done > 0 {
+		r.RedisCallsPerJob = (calls1 - calls0) / float64(done)
+	}
 	if e.json() {
 		return writeJSON(e.stdout, r)
 	}
@@ -201,6 +212,9 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	fmt.Fprintf(e.stdout, "submit -> result:  p50 %.2f ms   p99 %.2f ms\n", r.ResultP50Ms, r.ResultP99Ms)
 	if r.CPUPerJobUs > 0 {
 		fmt.Fprintf(e.stdout, "fleet CPU per job: %.0f µs (pids %s)\n", r.CPUPerJobUs, o.pids)
+	}
+	if o.metrics != "" {
+		fmt.Fprintf(e.stdout, "Redis round trips: %.3f per job (leases in batches, and heartbeats)\n", r.RedisCallsPerJob)
 	}
 	if r.Missing > 0 {
 		return exit(exitJobFail, "%d jobs did not finish within %s", r.Missing, o.timeout)
@@ -247,4 +261,30 @@ func cpuTime(pids string) (time.Duration, error) {
 		}
 	}
 	return total, nil
+}
+
+// redisCalls reads a worker's count of Redis round trips from its metrics.
+func redisCalls(ctx context.Context, url string) float64 {
+	if url == "" {
+		return 0
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var total float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "fleet_capacity_redis_calls_total") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total
 }

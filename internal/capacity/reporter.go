@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/telemetry"
 
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
@@ -63,8 +66,9 @@ type Reporter struct {
 	wake    chan struct{}
 	outage  bool
 
-	stop chan struct{}
-	done chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	calls metric.Int64Counter
 }
 
 type totals struct {
@@ -91,9 +95,11 @@ func NewReporter(s *Store, cfg ReporterConfig) *Reporter {
 	if cfg.Draining == nil {
 		cfg.Draining = func() bool { return false }
 	}
+	calls, _ := telemetry.Meter().Int64Counter("fleet.capacity.redis.calls",
+		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
 	return &Reporter{s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"),
 		leases: map[string]Lease{}, totals: totals{cpu: cfg.CPUMilli, mem: cfg.MemoryBytes, gpu: cfg.GPUs},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), calls: calls}
 }
 
 // ttl is how long the heartbeat lives: three intervals.
@@ -258,6 +264,7 @@ func (r *Reporter) flush(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		replies, err = r.s.apply(cctx, r.cfg.WorkerID, r.leaseTTL(), ops)
 		cancel()
+		r.calls.Add(ctx, 1)
 		if err != nil {
 			r.noteOutage(err)
 		}
@@ -370,6 +377,7 @@ func (r *Reporter) heartbeat(ctx context.Context) {
 
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	r.calls.Add(ctx, 1)
 	id := r.cfg.WorkerID
 	_, err = r.s.rdb.Pipelined(cctx, func(p redis.Pipeliner) error {
 		p.Set(cctx, r.s.hbKey(id), data, r.ttl())

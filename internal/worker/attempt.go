@@ -38,10 +38,9 @@ type attempt struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	started  time.Time
-	first    bool   // this is the job's first attempt to start
-	traceID  string // from the job message
-	reserved *Reservation
+	started time.Time
+	first   bool   // this is the job's first attempt to start
+	traceID string // from the job message
 	// info describes the attempt while it runs; guarded by the worker's mu.
 	info *job.RunningAttempt
 
@@ -232,14 +231,17 @@ func (a *attempt) run(ctx context.Context) error {
 	}
 	res := Reservation{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(),
 		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now()}
+	// The slot is reserved while the record is written: two round trips
+	// at once, not one after the other.
+	reserved := func() error { return nil }
 	if c := w.cfg.Capacity; c != nil {
-		if err := c.Reserve(ctx, res); errors.Is(err, ErrNoCapacity) {
-			return a.handBack(ctx, "not enough capacity on this worker")
-		} else if err != nil {
-			a.log.Warn("capacity reservation failed; running on local accounting", "err", err)
-		}
-		a.reserved = &res
+		done := make(chan error, 1)
+		go func() { done <- c.Reserve(ctx, res) }()
+		var once sync.Once
+		var rerr error
+		reserved = func() error { once.Do(func() { rerr = <-done }); return rerr }
 		defer func() {
+			_ = reserved()
 			if err := c.Release(context.WithoutCancel(ctx), res); err != nil {
 				a.log.Warn("capacity release failed", "err", err)
 			}
@@ -265,6 +267,11 @@ func (a *attempt) run(ctx context.Context) error {
 		if done, err := a.checkBeforeRun(ctx); done || err != nil {
 			return err
 		}
+	}
+	if err := reserved(); errors.Is(err, ErrNoCapacity) {
+		return a.handBack(ctx, "not enough capacity on this worker")
+	} else if err != nil {
+		a.log.Warn("capacity reservation failed; running on local accounting", "err", err)
 	}
 	info := a.running()
 	w.mu.Lock()

@@ -280,7 +280,16 @@ func (w *Worker) pull() {
 	defer w.pulling.Done()
 	maxBatch := min(w.cfg.Slots, 256)
 	backoff := 100 * time.Millisecond
+	// At most two pull requests are open at once: an open request takes
+	// every message that arrives until it has its count, so more would
+	// only keep the server busy with requests that wait and expire.
+	fetches := make(chan struct{}, 2)
 	for {
+		select {
+		case fetches <- struct{}{}:
+		case <-w.pullCtx.Done():
+			return
+		}
 		n, err := w.slots.acquireAll(w.pullCtx, maxBatch)
 		if err != nil {
 			return
@@ -299,6 +308,7 @@ func (w *Worker) pull() {
 				ended := w.ended.wait()
 				w.slots.release(n - room)
 				if n = room; n == 0 {
+					<-fetches
 					select {
 					case <-ended:
 					case <-w.pullCtx.Done():
@@ -311,6 +321,7 @@ func (w *Worker) pull() {
 		batch, err := w.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
 			w.slots.release(n)
+			<-fetches
 			if w.pullCtx.Err() != nil {
 				return
 			}
@@ -334,6 +345,7 @@ func (w *Worker) pull() {
 				go w.handle(msg)
 			}
 			w.slots.release(n - used)
+			<-fetches
 			if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && w.pullCtx.Err() == nil {
 				w.log.Debug("fetch ended", "err", err)
 			}

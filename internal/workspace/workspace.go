@@ -56,8 +56,13 @@ func Create(base, jobID string, attempt int, inputs map[string]string) (*Dir, er
 	_, _ = rand.Read(rnd[:])
 	root := filepath.Join(base, jobID+"-"+strconv.Itoa(attempt)+"-"+hex.EncodeToString(rnd[:]))
 	d := &Dir{Root: root, Inputs: filepath.Join(root, "inputs"), Outputs: filepath.Join(root, "outputs"), Work: filepath.Join(root, "work")}
-	for _, p := range []string{d.Inputs, d.Outputs, d.Work} {
-		if err := os.MkdirAll(p, 0o755); err != nil {
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return nil, fmt.Errorf("create workspace: %w", err)
+	}
+	// Mkdir, not MkdirAll: each folder is new, and a directory operation
+	// can cost more than the rest of a short attempt on a slow disk.
+	for _, p := range []string{d.Root, d.Inputs, d.Outputs, d.Work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
 			return nil, fmt.Errorf("create workspace: %w", err)
 		}
 	}
