@@ -37,7 +37,7 @@ test: lint
 
 ## bench: Go benchmarks of the hot paths, then the load test through the whole fleet
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./internal/... ./job/...
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/
 	./scripts/bench.sh
 
 ## fuzz: every fuzz target for FUZZTIME each (make test runs their seed corpora)
