@@ -151,10 +151,13 @@ func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 		return nil, fmt.Errorf("status of %s: %w", id, err)
 	}
 	s := &Status{Job: &rec}
-	if rec.State.Final() {
+	if rec.State.Final() || rec.State == job.StateRunning {
+		// A worker publishes the result just before it records the end:
+		// the result, when there is one, is the truth.
 		if s.Result, err = queue.LastResult(ctx, c.js, c.names, id); err != nil {
 			return nil, err
 		}
+		queue.FinishFromResult(&rec, s.Result)
 	}
 	return s, nil
 }

@@ -36,6 +36,14 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (*CancelReply, error
 		if err != nil {
 			return nil, err
 		}
+		if rec.State == job.StateRunning {
+			// It may have ended a moment ago: its result comes first.
+			res, err := queue.LastResult(ctx, d.js, d.names, id)
+			if err != nil {
+				return nil, err
+			}
+			queue.FinishFromResult(rec, res)
+		}
 		r := &CancelReply{JobID: id, State: rec.State}
 		switch {
 		case rec.State.Final() || rec.State == job.StateRejected:
@@ -118,7 +126,9 @@ func (d *Dispatcher) Status(ctx context.Context, id string) (*Status, error) {
 		return nil, err
 	}
 	s := &Status{Job: rec}
-	if rec.State.Final() {
+	if rec.State.Final() || rec.State == job.StateRunning {
+		// A worker publishes the result just before it records the end:
+		// the result, when there is one, is the truth.
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		res, err := queue.LastResult(ctx, d.js, d.names, id)
@@ -126,6 +136,7 @@ func (d *Dispatcher) Status(ctx context.Context, id string) (*Status, error) {
 			return nil, err
 		}
 		s.Result = res
+		queue.FinishFromResult(rec, res)
 	}
 	return s, nil
 }

@@ -98,7 +98,31 @@ func TestChaos(t *testing.T) {
 		lost += len(r.History)
 	}
 
-	// Exactly one final event per job, and it is the last.
+	// Exactly one final event per job, and it is the last. A worker
+	// publishes the final event just after the result: read until every
+	// job has one, or a few seconds have passed.
+	var finals map[string]int
+	var last map[string]job.EventType
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		finals, last = readEvents(t, ctx, js)
+		if len(finals) == jobs || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 0; i < jobs; i++ {
+		id := fmt.Sprintf("chaos-%03d", i)
+		if finals[id] != 1 || last[id] != job.EventSucceeded {
+			t.Errorf("%s: %d final events, the last event is %s", id, finals[id], last[id])
+		}
+	}
+	t.Logf("chaos: %d jobs, 3 workers, %d SIGKILLs in %s; %d attempts, %d lost with their worker; every job one result",
+		jobs, kills, elapsed.Round(100*time.Millisecond), attempts, lost)
+}
+
+// readEvents reads every event of the events stream: the final events per
+// job, and each job's last event.
+func readEvents(t *testing.T, ctx context.Context, js jetstream.JetStream) (map[string]int, map[string]job.EventType) {
 	finals := map[string]int{}
 	last := map[string]job.EventType{}
 	cons, err := js.OrderedConsumer(ctx, "FLEET_EVENTS", jetstream.OrderedConsumerConfig{})
@@ -123,15 +147,7 @@ func TestChaos(t *testing.T) {
 			last[e.JobID] = e.Type
 		}
 		if n == 0 {
-			break
+			return finals, last
 		}
 	}
-	for i := 0; i < jobs; i++ {
-		id := fmt.Sprintf("chaos-%03d", i)
-		if finals[id] != 1 || last[id] != job.EventSucceeded {
-			t.Errorf("%s: %d final events, the last event is %s", id, finals[id], last[id])
-		}
-	}
-	t.Logf("chaos: %d jobs, 3 workers, %d SIGKILLs in %s; %d attempts, %d lost with their worker; every job one result",
-		jobs, kills, elapsed.Round(100*time.Millisecond), attempts, lost)
 }

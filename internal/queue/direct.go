@@ -43,3 +43,14 @@ func LastResult(ctx context.Context, js jetstream.JetStream, n Names, id string)
 	}
 	return r, nil
 }
+
+// FinishFromResult brings a record that still says running in line with
+// the job's result, when it has one: the record is written just after the
+// result, and a reader may come in between.
+func FinishFromResult(rec *job.Record, res *job.Result) {
+	if res == nil || rec.State.Final() {
+		return
+	}
+	rec.State, rec.Attempt, rec.Failure = job.State(res.Status), res.Attempts, res.Failure
+	rec.FinishedAt, rec.UpdatedAt = &res.FinishedAt, res.FinishedAt
+}

@@ -2,6 +2,7 @@ package telemetry_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -90,20 +91,22 @@ func TestTracesAndMetricsOfJobs(t *testing.T) {
 		}
 		srv := httptest.NewServer(tel.Metrics)
 		defer srv.Close()
-		resp, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
+		scrape := func() map[string]*dto.MetricFamily {
+			resp, err := srv.Client().Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			families, err := p.TextToMetricFamilies(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return families
 		}
-		defer resp.Body.Close()
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		families, err := p.TextToMetricFamilies(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		value := func(name string, labels map[string]string) float64 {
+		value := func(families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
 			fam := families[name]
 			if fam == nil {
-				t.Errorf("no metric %s", name)
 				return -1
 			}
 		next:
@@ -122,12 +125,11 @@ func TestTracesAndMetricsOfJobs(t *testing.T) {
 					return m.Gauge.GetValue()
 				}
 			}
-			t.Errorf("no %s with %v", name, labels)
 			return -1
 		}
 		pool := map[string]string{"pool": "default"}
 		// The traced job of the first subtest counts too: five jobs.
-		for _, c := range []struct {
+		want := []struct {
 			name   string
 			labels map[string]string
 			want   float64
@@ -141,10 +143,25 @@ func TestTracesAndMetricsOfJobs(t *testing.T) {
 			{"fleet_worker_attempt_duration_seconds", map[string]string{"status": "failed"}, 2},
 			{"fleet_worker_queue_wait_seconds", pool, 5},
 			{"fleet_worker_slots", map[string]string{"state": "total"}, 4},
-		} {
-			if got := value(c.name, c.labels); got != c.want {
-				t.Errorf("%s%v = %g, want %g", c.name, c.labels, got, c.want)
+		}
+		// A worker counts a job finished just after its result is out:
+		// scrape until the counts settle.
+		var families map[string]*dto.MetricFamily
+		var wrong []string
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			families, wrong = scrape(), nil
+			for _, c := range want {
+				if got := value(families, c.name, c.labels); got != c.want {
+					wrong = append(wrong, fmt.Sprintf("%s%v = %g, want %g", c.name, c.labels, got, c.want))
+				}
 			}
+			if len(wrong) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for _, w := range wrong {
+			t.Error(w)
 		}
 		for name := range families {
 			if strings.Contains(name, "job_id") {
