@@ -168,14 +168,16 @@ func (r *Reporter) Release(ctx context.Context, res worker.Reservation) error {
 	return nil
 }
 
+// The size of a job that names none, for Room.
+var defCPU, _ = job.ParseCPU(job.DefaultCPU)
+var defMem, _ = job.ParseMemory(job.DefaultMemory)
+
 // Room returns how many more jobs of the default size the worker's
 // resources hold, beyond its slots; large when they are unknown.
 func (r *Reporter) Room() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := 1 << 30
-	defCPU, _ := job.ParseCPU(job.DefaultCPU)
-	defMem, _ := job.ParseMemory(job.DefaultMemory)
 	if t := r.totals.cpu; t != nil {
 		room = min(room, int((*t-r.cpuUsed)/defCPU))
 	}

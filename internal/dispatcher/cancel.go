@@ -54,7 +54,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (*CancelReply, error
 			return r, nil
 		}
 
-		rec.CancelRequested, rec.UpdatedAt = true, now()
+		rec.CancelRequested, rec.UpdatedAt = true, time.Now()
 		running := rec.State == job.StateRunning
 		if !running {
 			if err := d.finishCancelled(ctx, rec); err != nil {
@@ -87,7 +87,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (*CancelReply, error
 // finishCancelled publishes the cancelled result and event of a job that
 // is not running, and marks rec final.
 func (d *Dispatcher) finishCancelled(ctx context.Context, rec *job.Record) error {
-	t := now()
+	t := time.Now()
 	f := job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled while %s", rec.State)
 	res := &job.Result{JobID: rec.ID, Pool: rec.Pool, Status: job.StatusCancelled, Attempts: rec.Attempt,
 		FinishedAt: t, Failure: f, TraceID: rec.TraceID, RunID: rec.RunID, NodeID: rec.NodeID, History: rec.History}

@@ -223,6 +223,3 @@ func newMetrics(m metric.Meter) metrics {
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
 	return x
 }
-
-// now is replaced in tests.
-var now = time.Now

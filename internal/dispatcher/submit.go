@@ -72,7 +72,7 @@ func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
 // process validates one stored submission and, if it is acceptable and new,
 // records and publishes its job. seq is its sequence in the submit stream.
 func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*Reply, error) {
-	start := now()
+	start := time.Now()
 	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 
@@ -152,9 +152,6 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 	m.Header.Set(queue.HeaderMsgID, req.ID)
 	m.Header.Set(queue.HeaderSubmittedAt, rec.SubmittedAt.UTC().Format(time.RFC3339Nano))
 	m.Header.Set(queue.HeaderRecordRev, strconv.FormatUint(rev, 10))
-	if warning != "" {
-		m.Header.Set(queue.HeaderWarning, warning)
-	}
 	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(m.Header))
 
 	// The queued event goes out before the job, on the same connection, so
@@ -188,7 +185,7 @@ func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (
 	if pool == "" {
 		pool = job.DefaultPool
 	}
-	t := now()
+	t := time.Now()
 	f := job.Failf(job.ClassRejected, job.CodeInvalid, "%s", reason)
 	if fut, err := d.publishEvent(&job.Event{JobID: id, Type: job.EventRejected, Time: t, Pool: pool,
 		Failure: f, Message: reason, TraceID: telemetry.TraceID(ctx)}); err == nil {

@@ -9,8 +9,6 @@ const (
 	// HeaderSubmittedAt carries the submission time (RFC 3339, nanoseconds)
 	// on job messages, for queue-wait measurements and queue_timeout.
 	HeaderSubmittedAt = "Fleet-Submitted-At"
-	// HeaderWarning carries an admission warning on job messages.
-	HeaderWarning = "Fleet-Warning"
 	// HeaderRecordRev carries the revision of the job's record when the job
 	// was published, so that a worker's first write is a compare-and-set
 	// against it and needs no read first.

@@ -120,11 +120,6 @@ func (s *Store) Wait(ctx context.Context, f jetstream.PubAckFuture) (uint64, err
 	}
 }
 
-// Watch returns a watcher of every record change, for the reaper and tests.
-func (s *Store) Watch(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.kv.WatchAll(ctx, opts...)
-}
-
 // IsWrongLastSequence reports a failed compare-and-set.
 func IsWrongLastSequence(err error) bool {
 	var apiErr *jetstream.APIError

@@ -41,8 +41,6 @@ type attempt struct {
 	started time.Time
 	first   bool   // this is the job's first attempt to start
 	traceID string // from the job message
-	// info describes the attempt while it runs; guarded by the worker's mu.
-	info *job.RunningAttempt
 
 	logMu sync.Mutex
 	logs  int
@@ -273,10 +271,6 @@ func (a *attempt) run(ctx context.Context) error {
 	} else if err != nil {
 		a.log.Warn("capacity reservation failed; running on local accounting", "err", err)
 	}
-	info := a.running()
-	w.mu.Lock()
-	a.info = &info
-	w.mu.Unlock()
 	a.event(job.EventStarted, nil)
 	w.m.started.Add(ctx, 1, w.m.poolAttrs)
 	if a.first && !a.sub.IsZero() {
@@ -731,14 +725,6 @@ func (a *attempt) newRecord() *job.Record {
 	return &job.Record{ID: a.id, Pool: a.w.cfg.Pool, State: job.StateQueued, MaxAttempts: a.req.Retry.MaxAttempts,
 		SubmittedAt: sub, UpdatedAt: now, RunID: a.req.RunID, NodeID: a.req.NodeID, Labels: a.req.Labels,
 		TraceID: a.traceID}
-}
-
-func (a *attempt) running() job.RunningAttempt {
-	r := job.RunningAttempt{JobID: a.id, Attempt: a.n, StartedAt: a.started}
-	if a.req != nil {
-		r.CPUMilli, r.MemoryBytes, r.GPUs = a.req.Resources.CPUMilli(), a.req.Resources.MemoryBytes(), a.req.Resources.GPU
-	}
-	return r
 }
 
 func attemptSummary(n int, worker string, out *Outcome) job.Attempt {

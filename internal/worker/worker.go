@@ -147,16 +147,15 @@ type Worker struct {
 	cubs  *nats.Subscription
 	m     metrics
 
-	pullCtx    context.Context
-	stopPull   context.CancelFunc
-	pulling    sync.WaitGroup // the pull loop and its open fetches
-	runCtx     context.Context
-	stopRuns   context.CancelCauseFunc
-	attempts   sync.WaitGroup
-	mu         sync.Mutex
-	running    map[string]*attempt
-	drainStart time.Time
-	draining   atomic.Bool
+	pullCtx  context.Context
+	stopPull context.CancelFunc
+	pulling  sync.WaitGroup // the pull loop and its open fetches
+	runCtx   context.Context
+	stopRuns context.CancelCauseFunc
+	attempts sync.WaitGroup
+	mu       sync.Mutex
+	running  map[string]*attempt
+	draining atomic.Bool
 }
 
 // New returns a Worker; Start starts it.
@@ -178,9 +177,6 @@ func New(nc *nats.Conn, exec Executor, cfg Config) (*Worker, error) {
 	w.m = newMetrics(telemetry.Meter(), w)
 	return w, nil
 }
-
-// ID returns the worker's id.
-func (w *Worker) ID() string { return w.cfg.ID }
 
 // Start binds to the pool's consumer and starts pulling. It returns once the
 // worker is pulling; ctx bounds only the setup.
@@ -217,13 +213,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // until ctx ends, then stops the rest and hands their jobs back to the pool
 // at once, without counting them as attempts. It returns when nothing runs.
 func (w *Worker) Stop(ctx context.Context) error {
-	w.mu.Lock()
-	if w.drainStart.IsZero() {
-		w.drainStart = time.Now()
-	}
-	n := len(w.running)
-	w.mu.Unlock()
-	w.log.Info("draining", "running", n)
+	w.log.Info("draining", "running", w.Running())
 	w.draining.Store(true)
 	w.stopPull()
 	done := make(chan struct{})
@@ -258,19 +248,6 @@ func (w *Worker) Running() int {
 
 // Draining reports whether Stop has been called.
 func (w *Worker) Draining() bool { return w.draining.Load() }
-
-// Snapshot lists the attempts running now, for heartbeats.
-func (w *Worker) Snapshot() []job.RunningAttempt {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]job.RunningAttempt, 0, len(w.running))
-	for _, a := range w.running {
-		if a.info != nil {
-			out = append(out, *a.info)
-		}
-	}
-	return out
-}
 
 // pull asks the pool's consumer for as many messages as there are free
 // slots, and starts an attempt for each message as it arrives. Several
