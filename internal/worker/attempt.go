@@ -297,10 +297,7 @@ func (a *attempt) run(ctx context.Context) error {
 		if !ok {
 			f = job.Failf(job.ClassInfrastructure, "executor_error", "%v", err)
 		}
-		out = &Outcome{Status: job.StatusFailed, Failure: f, StartedAt: a.started}
-		if f.Class == job.ClassTimeout {
-			out.Status = job.StatusTimedOut
-		}
+		out = &Outcome{Status: StatusOf(f), Failure: f, StartedAt: a.started}
 	}
 	if out.StartedAt.IsZero() {
 		out.StartedAt = a.started

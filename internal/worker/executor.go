@@ -120,3 +120,35 @@ type BackendCapacity struct {
 	Health string
 	Reason string
 }
+
+// Supervise waits for an attempt to end by itself: exited delivers how it
+// ended. When its timeout passes or ctx ends first, stop stops it (SIGTERM,
+// grace, then SIGKILL), waits for exited and says how it stopped; stopped
+// then says why the worker ended the attempt (ClassTimeout or
+// ClassCancelled). stopped is nil when the attempt ended by itself.
+func Supervise[T any](ctx context.Context, timeout time.Duration, exited <-chan T, stop func() (T, string)) (end T, stopped *job.Failure) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case end = <-exited:
+		return end, nil
+	case <-timer.C:
+		end, how := stop()
+		return end, job.Failf(job.ClassTimeout, job.CodeAttemptTimeout, "ran longer than its timeout of %s; %s", timeout, how)
+	case <-ctx.Done():
+		end, how := stop()
+		return end, job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)
+	}
+}
+
+// StatusOf is the status an attempt ends with when it fails with f:
+// timed_out for a timeout, cancelled for a cancel, failed otherwise.
+func StatusOf(f *job.Failure) job.Status {
+	switch f.Class {
+	case job.ClassTimeout:
+		return job.StatusTimedOut
+	case job.ClassCancelled:
+		return job.StatusCancelled
+	}
+	return job.StatusFailed
+}

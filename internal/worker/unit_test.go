@@ -135,3 +135,29 @@ func TestOutputSplitsLinesAndKeepsTheTail(t *testing.T) {
 		t.Errorf("%d lines of lengths %v", len(l.got), len(l.got[0]))
 	}
 }
+
+func TestSuperviseStopsOnTimeoutAndCancel(t *testing.T) {
+	stop := func(exited chan int) func() (int, string) {
+		return func() (int, string) { exited <- 143; return <-exited, "stopped with SIGTERM" }
+	}
+	// Ends by itself.
+	exited := make(chan int, 1)
+	exited <- 0
+	if end, stopped := Supervise(context.Background(), time.Second, exited, stop(exited)); end != 0 || stopped != nil {
+		t.Errorf("ended by itself: %d %v", end, stopped)
+	}
+	// Timeout.
+	exited = make(chan int, 1)
+	end, stopped := Supervise(context.Background(), 10*time.Millisecond, exited, stop(exited))
+	if end != 143 || stopped == nil || StatusOf(stopped) != job.StatusTimedOut || !strings.Contains(stopped.Message, "stopped with SIGTERM") {
+		t.Errorf("timeout: %d %+v", end, stopped)
+	}
+	// Cancel, with its cause.
+	exited = make(chan int, 1)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(ErrCancelled)
+	end, stopped = Supervise(ctx, time.Minute, exited, stop(exited))
+	if end != 143 || StatusOf(stopped) != job.StatusCancelled || !strings.Contains(stopped.Message, ErrCancelled.Error()) {
+		t.Errorf("cancel: %d %+v", end, stopped)
+	}
+}

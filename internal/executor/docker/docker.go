@@ -299,19 +299,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	defer stopWait()
 	exited := e.wait(waitCtx, id)
 
-	timer := time.NewTimer(req.Timeout.Std())
-	defer timer.Stop()
-	var stopped *job.Failure // why the worker stopped the container, if it did
-	var x exit
-	select {
-	case x = <-exited:
-	case <-timer.C:
-		how := e.terminate(bg, id, exited, &x)
-		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimeout, "ran longer than its timeout of %s; %s", req.Timeout, how)
-	case <-ctx.Done():
-		how := e.terminate(bg, id, exited, &x)
-		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)
-	}
+	x, stopped := worker.Supervise(ctx, req.Timeout.Std(), exited, func() (exit, string) {
+		return e.terminate(bg, id, exited)
+	})
 	logsDone()
 
 	out = &worker.Outcome{StartedAt: started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
@@ -327,10 +317,8 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	endCollect(failErr(ofail))
 	out.Outputs = outputs
 	switch {
-	case stopped != nil && stopped.Class == job.ClassTimeout:
-		out.Status, out.Failure = job.StatusTimedOut, stopped
 	case stopped != nil:
-		out.Status, out.Failure = job.StatusCancelled, stopped
+		out.Status, out.Failure = worker.StatusOf(stopped), stopped
 	case cerrdefs.IsNotFound(x.err):
 		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerVanished,
 			"container %s was removed while the attempt ran", name)
@@ -465,7 +453,7 @@ func (e *Executor) oomEvent(ctx context.Context, id string, started time.Time) b
 
 // terminate stops the container: SIGTERM, then SIGKILL after the grace
 // period. It returns how the container ended.
-func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit, x *exit) string {
+func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit) (x exit, how string) {
 	// A failure here means the container is already gone or stopping.
 	if err := e.api.ContainerKill(ctx, id, "SIGTERM"); err != nil {
 		e.log.Debug("SIGTERM not delivered", "container_id", id, "err", err)
@@ -473,19 +461,19 @@ func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit,
 	grace := time.NewTimer(e.cfg.Grace)
 	defer grace.Stop()
 	select {
-	case *x = <-exited:
-		return "stopped with SIGTERM"
+	case x = <-exited:
+		return x, "stopped with SIGTERM"
 	case <-grace.C:
 	}
 	if err := e.api.ContainerKill(ctx, id, "SIGKILL"); err != nil {
 		e.log.Debug("SIGKILL not delivered", "container_id", id, "err", err)
 	}
 	select {
-	case *x = <-exited:
+	case x = <-exited:
 	case <-time.After(e.cfg.APITimeout):
-		*x = exit{err: fmt.Errorf("still running %s after SIGKILL", e.cfg.APITimeout)}
+		x = exit{err: fmt.Errorf("still running %s after SIGKILL", e.cfg.APITimeout)}
 	}
-	return fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
+	return x, fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
 }
 
 // follow copies the container's output, stdout and stderr apart, into the

@@ -129,19 +129,9 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
-	timer := time.NewTimer(req.Timeout.Std())
-	defer timer.Stop()
-	var stopped *job.Failure // why the worker stopped the process, if it did
-	var waitErr error
-	select {
-	case waitErr = <-exited:
-	case <-timer.C:
-		how := e.terminate(pgid, exited, &waitErr)
-		stopped = job.Failf(job.ClassTimeout, job.CodeAttemptTimeout, "ran longer than its timeout of %s; %s", req.Timeout, how)
-	case <-ctx.Done():
-		how := e.terminate(pgid, exited, &waitErr)
-		stopped = job.Failf(job.ClassCancelled, job.CodeCancelled, "%v; %s", context.Cause(ctx), how)
-	}
+	waitErr, stopped := worker.Supervise(ctx, req.Timeout.Std(), exited, func() (error, string) {
+		return e.terminate(pgid, exited)
+	})
 	// Leave nothing behind: children that outlived the process go too.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	copied.wait()
@@ -160,10 +150,8 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	}
 	out.Outputs = outputs
 	switch {
-	case stopped != nil && stopped.Class == job.ClassTimeout:
-		out.Status, out.Failure = job.StatusTimedOut, stopped
 	case stopped != nil:
-		out.Status, out.Failure = job.StatusCancelled, stopped
+		out.Status, out.Failure = worker.StatusOf(stopped), stopped
 	case code != 0:
 		msg := fmt.Sprintf("exited with code %d", code)
 		if signaled != "" {
@@ -179,18 +167,17 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 }
 
 // terminate stops the process group: SIGTERM, then SIGKILL after the grace
-// period. It returns how the process ended.
-func (e *Executor) terminate(pgid int, exited <-chan error, waitErr *error) string {
+// period. It returns the wait's error and how the process ended.
+func (e *Executor) terminate(pgid int, exited <-chan error) (error, string) {
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	grace := time.NewTimer(e.cfg.Grace)
 	defer grace.Stop()
 	select {
-	case *waitErr = <-exited:
-		return "stopped with SIGTERM"
+	case err := <-exited:
+		return err, "stopped with SIGTERM"
 	case <-grace.C:
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		*waitErr = <-exited
-		return fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
+		return <-exited, fmt.Sprintf("killed with SIGKILL after a grace period of %s", e.cfg.Grace)
 	}
 }
 
