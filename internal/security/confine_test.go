@@ -37,13 +37,16 @@ func withPool(t *testing.T, pool string) string {
 }
 
 // refused asserts that the server refused an operation of c on subject:
-// the connection is told (asynchronously), and the server logs it.
+// the connection is told (asynchronously), and the server logs it. The
+// server tells the client before it logs, so the log is waited for too.
 func refused(t *testing.T, s *natsServer, c *conn, subject string) {
 	t.Helper()
 	c.errs.wait(t, "Permissions Violation", `"`+subject+`"`)
-	for _, v := range s.log.violations() {
-		if containsAll(v, `"`+subject+`"`) {
-			return
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for _, v := range s.log.violations() {
+			if containsAll(v, `"`+subject+`"`) {
+				return
+			}
 		}
 	}
 	t.Fatalf("the server logged no violation on %s: %q", subject, s.log.violations())
