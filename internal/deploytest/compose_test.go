@@ -18,7 +18,7 @@ import (
 
 	fleetclient "github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/dockertest"
-	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -224,7 +224,7 @@ func TestComposeUpRunsAJob(t *testing.T) {
 	cli := dockertest.Client(t)
 	argv := compose(t)
 	_, err := os.Stat("/var/run/docker.sock")
-	fleettest.Require(t, err == nil, "the workers mount /var/run/docker.sock: %v", err)
+	testenv.Require(t, err == nil, "the workers mount /var/run/docker.sock: %v", err)
 	jobImage := dockertest.TestImage(t)
 
 	suffix := randomSuffix()

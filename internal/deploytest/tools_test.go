@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/kubetest"
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -85,7 +85,7 @@ func helm(t testing.TB) string {
 		{filepath.Join(toolsBin(), "helm")},
 		{"helm"},
 	}, func(v string) bool { return strings.HasPrefix(v, "v3.") })
-	fleettest.Require(t, c != nil, "helm v3: build it with hack/tools/build.sh helm (or set FLEET_HELM)")
+	testenv.Require(t, c != nil, "helm v3: build it with hack/tools/build.sh helm (or set FLEET_HELM)")
 	return c[0]
 }
 
@@ -104,7 +104,7 @@ func compose(t testing.TB) []string {
 		major, _, _ := strings.Cut(v, ".")
 		return major != "" && major != "0" && major != "1" && strings.Trim(major, "0123456789") == ""
 	})
-	fleettest.Require(t, c != nil, "Docker Compose v2: build it with hack/tools/build.sh docker-compose (or set FLEET_COMPOSE)")
+	testenv.Require(t, c != nil, "Docker Compose v2: build it with hack/tools/build.sh docker-compose (or set FLEET_COMPOSE)")
 	return c
 }
 

@@ -26,7 +26,7 @@ import (
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/client"
 
-	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // Image is the tag of the test image.
@@ -56,7 +56,7 @@ func Ping(ctx context.Context) error {
 func Client(t testing.TB) *client.Client {
 	t.Helper()
 	err := Ping(context.Background())
-	fleettest.Require(t, err == nil, "Docker daemon: %v", err)
+	testenv.Require(t, err == nil, "Docker daemon: %v", err)
 	cli, err := NewClient()
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // Pod annotations understood by the kwok Stages of hack/k8senv/stages. Set them
@@ -124,10 +126,7 @@ func Main(m *testing.M) {
 
 func unavailable(t testing.TB, err error) {
 	t.Helper()
-	if _, ci := os.LookupEnv("CI"); !ci {
-		t.Skipf("kubetest: no Kubernetes test environment (CI is unset, so skipping): %v", err)
-	}
-	t.Fatalf("kubetest: no Kubernetes test environment: %v", err)
+	testenv.Require(t, false, "no Kubernetes test environment: %v", err)
 }
 
 func start() (*Env, error) {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // Server is a redis-server process.
@@ -43,7 +43,7 @@ func WithTLS(cert, key, ca string) Option {
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	_, err := exec.LookPath("redis-server")
-	fleettest.Require(t, err == nil, "redis-server is not installed (apt-get install redis-server)")
+	testenv.Require(t, err == nil, "redis-server is not installed (apt-get install redis-server)")
 	s := &Server{t: t, port: freePort(t), dir: t.TempDir()}
 	for _, o := range opts {
 		o(&s.opts)

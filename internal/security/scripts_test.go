@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // TestOperatorScripts follows deploy/nats/README.md: gen-nkeys.sh makes
@@ -22,7 +22,7 @@ import (
 // pool, and each role connects with its seed file and does its first step.
 func TestOperatorScripts(t *testing.T) {
 	_, err := exec.LookPath("go")
-	fleettest.Require(t, err == nil, "the go command, to build nk: %v", err)
+	testenv.Require(t, err == nil, "the go command, to build nk: %v", err)
 
 	dir := t.TempDir()
 	out, err := exec.Command("sh", shipped(t, "gen-nkeys.sh"), dir, "default", "gpu-a100").CombinedOutput()
