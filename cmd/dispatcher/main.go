@@ -179,8 +179,7 @@ func run(args []string) error {
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
 	if caps != nil {
-		api.Handle("GET /v1/capacity", caps.CapacityHandler())
-		api.Handle("GET /v1/workers", caps.WorkersHandler())
+		api.ServeCapacity(caps)
 		go capacity.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
 	}
 	if f.pprof {

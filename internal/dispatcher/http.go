@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -19,7 +20,8 @@ import (
 //	GET  /healthz               the process is up
 //	GET  /readyz                the dispatcher can take submissions
 //
-// Other routes (capacity, metrics) are added with Handle.
+// The capacity routes are added with ServeCapacity, others (metrics) with
+// Handle.
 type API struct {
 	d   *Dispatcher
 	mux *http.ServeMux
@@ -46,6 +48,32 @@ func NewAPI(d *Dispatcher) *API {
 
 // Handle adds a route.
 func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+
+// ServeCapacity adds the capacity routes, answered from the heartbeats in
+// caps:
+//
+//	GET /v1/capacity[?pool=P]   the pools, summed, and the live workers
+//	GET /v1/workers[?pool=P]    the live workers' heartbeats
+func (a *API) ServeCapacity(caps *capacity.Store) {
+	serve := func(answer func([]*job.Heartbeat) any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			hbs, err := caps.Workers(r.Context(), r.URL.Query().Get("pool"))
+			if err != nil {
+				a.d.log.Warn("reading capacity failed", "err", err)
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "capacity is unavailable now; try again"})
+				return
+			}
+			if hbs == nil {
+				hbs = []*job.Heartbeat{}
+			}
+			writeJSON(w, http.StatusOK, answer(hbs))
+		}
+	}
+	a.mux.Handle("GET /v1/capacity", serve(func(hbs []*job.Heartbeat) any {
+		return capacity.Overview{Pools: capacity.Summarize(hbs), Workers: hbs}
+	}))
+	a.mux.Handle("GET /v1/workers", serve(func(hbs []*job.Heartbeat) any { return hbs }))
+}
 
 // ServeHTTP implements http.Handler.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -184,8 +186,7 @@ func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
 	caps := openCapacity(t, rs.URL())
 	f := fleettest.Start(t)
 	api := dispatcher.NewAPI(f.Dispatcher)
-	api.Handle("GET /v1/capacity", caps.CapacityHandler())
-	api.Handle("GET /v1/workers", caps.WorkersHandler())
+	api.ServeCapacity(caps)
 	srv := httptest.NewServer(api)
 	defer srv.Close()
 	capacityWorker(t, f, caps, "counted", 4, ptr(4000), ptr(4<<30))
@@ -215,4 +216,47 @@ func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
 	waitFor(t, "3 used slots in fleetctl capacity", 5*time.Second, func() bool { return usedSlots() == 3 })
 	wg.Wait()
 	waitFor(t, "0 used slots in fleetctl capacity", 5*time.Second, func() bool { return usedSlots() == 0 })
+}
+
+func TestCapacityRoutesAnswerFromTheHeartbeats(t *testing.T) {
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	f := fleettest.Start(t)
+	api := dispatcher.NewAPI(f.Dispatcher)
+	api.ServeCapacity(caps)
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	capacityWorker(t, f, caps, "listed", 3, ptr(2000), ptr(1<<30))
+
+	get := func(path string, v any) int {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if err := json.Unmarshal(body, v); err != nil {
+			t.Fatalf("GET %s: %v\n%s", path, err, body)
+		}
+		return resp.StatusCode
+	}
+	var hbs []*job.Heartbeat
+	waitFor(t, "the worker in GET /v1/workers", 5*time.Second, func() bool {
+		return get("/v1/workers", &hbs) == http.StatusOK && len(hbs) == 1 && hbs[0].WorkerID == "listed"
+	})
+	if code := get("/v1/workers?pool=elsewhere", &hbs); code != http.StatusOK || hbs == nil || len(hbs) != 0 {
+		t.Errorf("GET /v1/workers?pool=elsewhere: %d %v, want 200 and an empty list", code, hbs)
+	}
+	var o capacity.Overview
+	if code := get("/v1/capacity?pool=default", &o); code != http.StatusOK || len(o.Pools) != 1 || len(o.Workers) != 1 ||
+		o.Pools[0].Slots.Total != 3 || o.Pools[0].Workers != 1 {
+		t.Errorf("GET /v1/capacity?pool=default: %d %+v, want one pool of one worker and 3 slots", code, o)
+	}
+
+	rs.Stop()
+	var e map[string]string
+	if code := get("/v1/capacity", &e); code != http.StatusServiceUnavailable || e["error"] == "" || strings.Contains(e["error"], "127.0.0.1") {
+		t.Errorf("GET /v1/capacity with Redis down: %d %v, want 503 and an error that names no address", code, e)
+	}
 }
