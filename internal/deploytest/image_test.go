@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +25,7 @@ import (
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/jsonmessage"
 	"github.com/docker/docker/pkg/stdcopy"
 	"github.com/docker/go-connections/nat"
 	"github.com/nats-io/nats.go"
@@ -111,7 +111,7 @@ func buildRuntimeLocal(t testing.TB, cli *client.Client, tag string) {
 			t.Logf("remove image %s: %v", tag, err)
 		}
 	})
-	if err := buildError(resp.Body); err != nil {
+	if err := jsonmessage.DisplayJSONMessagesStream(resp.Body, io.Discard, 0, false, nil); err != nil {
 		t.Fatalf("build runtime-local: %v", err)
 	}
 }
@@ -144,35 +144,6 @@ func tarFiles(files map[string]string) (io.Reader, error) {
 		}
 	}
 	return &buf, tw.Close()
-}
-
-// buildError reads a build's progress stream to the end and returns the
-// error it reports.
-func buildError(r io.Reader) error {
-	dec := json.NewDecoder(r)
-	for {
-		var m struct {
-			Error       string `json:"error"`
-			ErrorDetail struct {
-				Message string `json:"message"`
-			} `json:"errorDetail"`
-		}
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return err
-		}
-		if msg := cmpOr(m.ErrorDetail.Message, m.Error); msg != "" {
-			return errors.New(msg)
-		}
-	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // hardened is how the test runs the image: as Kubernetes does with the

@@ -11,8 +11,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/jsonmessage"
 
 	"github.com/fleet-dev/fleet/internal/testenv"
 )
@@ -118,7 +117,7 @@ func BuildImage(ctx context.Context, cli client.APIClient, tag string) error {
 		return fmt.Errorf("image build: %w", err)
 	}
 	defer resp.Body.Close()
-	return readProgress(resp.Body)
+	return jsonmessage.DisplayJSONMessagesStream(resp.Body, io.Discard, 0, false, nil)
 }
 
 // compile builds testprog as a static Linux binary for the daemon's
@@ -152,29 +151,4 @@ func tarball(files map[string][]byte) (io.Reader, error) {
 		return nil, err
 	}
 	return &buf, nil
-}
-
-// readProgress reads a build's JSON progress stream to its end and returns
-// the error it reports, if any.
-func readProgress(r io.Reader) error {
-	dec := json.NewDecoder(r)
-	for {
-		var m struct {
-			Error       string `json:"error"`
-			ErrorDetail *struct {
-				Message string `json:"message"`
-			} `json:"errorDetail"`
-		}
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("read build progress: %w", err)
-		}
-		if m.ErrorDetail != nil && m.ErrorDetail.Message != "" {
-			return errors.New(m.ErrorDetail.Message)
-		}
-		if m.Error != "" {
-			return errors.New(m.Error)
-		}
-	}
 }

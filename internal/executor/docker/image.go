@@ -2,8 +2,6 @@ package docker
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -12,6 +10,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/jsonmessage"
 
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
@@ -59,7 +58,8 @@ func (e *Executor) pullImage(ctx context.Context, ref string) error {
 	start := time.Now()
 	rc, err := e.stream.ImagePull(ctx, ref, image.PullOptions{})
 	if err == nil {
-		err = readProgress(rc)
+		// The stream ends with the error the pull failed with, if any.
+		err = jsonmessage.DisplayJSONMessagesStream(rc, io.Discard, 0, false, nil)
 		_ = rc.Close()
 	}
 	switch {
@@ -70,31 +70,6 @@ func (e *Executor) pullImage(ctx context.Context, ref string) error {
 		return fmt.Errorf("pull image %s: %w", ref, err)
 	}
 	return job.Failf(job.ClassImage, CodeImagePull, "cannot pull image %s: %v", ref, err)
-}
-
-// readProgress reads a pull's JSON progress stream to its end and returns
-// the error it reports, if any.
-func readProgress(r io.Reader) error {
-	dec := json.NewDecoder(r)
-	for {
-		var m struct {
-			Error       string `json:"error"`
-			ErrorDetail *struct {
-				Message string `json:"message"`
-			} `json:"errorDetail"`
-		}
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("read pull progress: %w", err)
-		}
-		if m.ErrorDetail != nil && m.ErrorDetail.Message != "" {
-			return errors.New(m.ErrorDetail.Message)
-		}
-		if m.Error != "" {
-			return errors.New(m.Error)
-		}
-	}
 }
 
 // puller pulls each image once at a time: an attempt that needs an image
