@@ -181,14 +181,22 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 	})
 }
 
-func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
+// capacityAPI starts Redis, a fleet and the dispatcher's HTTP API with its
+// capacity routes.
+func capacityAPI(t *testing.T) (*redistest.Server, *capacity.Store, *fleettest.Fleet, *httptest.Server) {
+	t.Helper()
 	rs := redistest.Start(t)
 	caps := openCapacity(t, rs.URL())
 	f := fleettest.Start(t)
 	api := dispatcher.NewAPI(f.Dispatcher)
 	api.ServeCapacity(caps)
 	srv := httptest.NewServer(api)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return rs, caps, f, srv
+}
+
+func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
+	_, caps, f, srv := capacityAPI(t)
 	capacityWorker(t, f, caps, "counted", 4, ptr(4000), ptr(4<<30))
 
 	usedSlots := func() int {
@@ -219,13 +227,7 @@ func TestFleetctlCapacityFollowsTheJobs(t *testing.T) {
 }
 
 func TestCapacityRoutesAnswerFromTheHeartbeats(t *testing.T) {
-	rs := redistest.Start(t)
-	caps := openCapacity(t, rs.URL())
-	f := fleettest.Start(t)
-	api := dispatcher.NewAPI(f.Dispatcher)
-	api.ServeCapacity(caps)
-	srv := httptest.NewServer(api)
-	defer srv.Close()
+	rs, caps, f, srv := capacityAPI(t)
 	capacityWorker(t, f, caps, "listed", 3, ptr(2000), ptr(1<<30))
 
 	get := func(path string, v any) int {
