@@ -30,11 +30,18 @@ const (
 // Admission checks requests at submit against what the live workers of
 // their pool could ever hold: their totals, not what is free now. It reads
 // a view of the pools that it refreshes every second, so a submission
-// costs no Redis round trip. When Redis is away it lets requests through.
+// costs no Redis round trip. Before it refuses a request on a view older
+// than recheckAfter, it reads the view again: a worker that has just
+// started is not refused for the second until the next refresh. When Redis
+// is away it lets requests through.
 type Admission struct {
 	s    *Store
 	mode string
 	log  *slog.Logger
+
+	// rechecking lets one refusal at a time read the view again; the
+	// others wait for it and use what it read.
+	rechecking sync.Mutex
 
 	mu      sync.Mutex
 	pools   map[string]*poolView
@@ -137,13 +144,20 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	if a.mode == AdmitOff {
 		return "", nil
 	}
-	a.mu.Lock()
-	p, known := a.pools[r.Pool], !a.fresh.IsZero() && time.Since(a.fresh) < 10*time.Second
-	a.mu.Unlock()
-	if !known {
+	p, fresh := a.pool(r.Pool)
+	if fresh.IsZero() || time.Since(fresh) >= 10*time.Second {
 		return "capacity is unknown (Redis unreachable): the request was not checked against the pool", nil
 	}
 	problem := judge(r, p)
+	if problem != "" && time.Since(fresh) >= recheckAfter {
+		a.rechecking.Lock()
+		if _, f := a.pool(r.Pool); time.Since(f) >= recheckAfter {
+			a.refresh(ctx)
+		}
+		a.rechecking.Unlock()
+		p, _ = a.pool(r.Pool)
+		problem = judge(r, p)
+	}
 	switch {
 	case problem == "":
 		return "", nil
@@ -151,6 +165,17 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 		return problem + "; queued anyway (admission=queue)", nil
 	}
 	return "", fmt.Errorf("%s", problem)
+}
+
+// recheckAfter is how old the view may be for a refusal without reading it
+// again.
+const recheckAfter = 100 * time.Millisecond
+
+// pool returns the view of a pool and when the view was read.
+func (a *Admission) pool(name string) (*poolView, time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pools[name], a.fresh
 }
 
 // judge says why no live worker of the pool could ever run r, or "".

@@ -129,8 +129,11 @@ func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
 			defer cancel()
 			go adm.Run(ctx)
 			f := fleettest.Start(t, func(c *dispatcher.Config) { c.Admission = adm })
+			// The worker starts after the view was read, and the requests
+			// come at once: admission reads the view again before it
+			// refuses, so it judges by this worker, not by an empty pool.
+			time.Sleep(200 * time.Millisecond)
 			capacityWorker(t, f, caps, "w-"+mode, 2, ptr(2000), ptr(1<<30))
-			time.Sleep(1500 * time.Millisecond) // the admission view refreshes every second
 
 			big := &job.Request{ID: "big-" + mode, Command: []string{"true"}, Resources: &job.Resources{Memory: "4Gi"}}
 			s, err := f.Client.Submit(ctx, big)
@@ -139,7 +142,7 @@ func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
 				if !ok || !strings.Contains(rej.Reason, "needs 4Gi memory (the largest worker has 1Gi)") {
 					t.Fatalf("oversized request: %+v, %v", s, err)
 				}
-			} else if err != nil || !strings.Contains(s.Warning, "queued anyway") {
+			} else if err != nil || !strings.Contains(s.Warning, "needs 4Gi memory (the largest worker has 1Gi); queued anyway") {
 				t.Fatalf("oversized request with admission=queue: %+v, %v", s, err)
 			}
 			ok := f.Submit(t, &job.Request{ID: "fits-" + mode, Command: []string{"true"}, Resources: &job.Resources{Memory: "512Mi"}})
