@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=./bin
+bin=${FLEET_DEMO_BIN:-./bin}
 data=$(mktemp -d "${TMPDIR:-/tmp}/fleet-demo.XXXXXX")
 # Ports away from the defaults, so the demo runs beside a real fleet.
 export FLEET_NATS_URL=nats://127.0.0.1:14222
@@ -48,7 +48,13 @@ say "starting a worker (--executor $executor, 4 slots)"
 "$bin/worker" --executor "$executor" --pool default --slots 4 --id demo-worker --grace 1s \
 	>"$data/worker.log" 2>&1 &
 pids+=($!)
-sleep 0.5
+# Ready when its first heartbeat is in: fleetctl lists it.
+ready=0
+for _ in $(seq 150); do
+	if "$bin/fleetctl" workers 2>/dev/null | grep -q '^demo-worker '; then ready=1; break; fi
+	sleep 0.1
+done
+[ "$ready" = 1 ] || { echo "the worker did not start:"; cat "$data/worker.log"; exit 1; }
 
 ids=()
 for f in examples/*.json; do
@@ -59,11 +65,25 @@ for f in examples/*.json; do
 done
 
 say "summary: fleetctl status ${ids[*]}"
-"$bin/fleetctl" status "${ids[@]}"
+summary=$("$bin/fleetctl" status "${ids[@]}")
+echo "$summary"
 
 if command -v curl >/dev/null; then
 	say "the same over HTTP: curl http://$FLEET_HTTP_ADDR/v1/jobs/${ids[0]}"
 	curl -fsS "http://$FLEET_HTTP_ADDR/v1/jobs/${ids[0]}" | head -12
 	echo "  ..."
 fi
+# Each example ends as its name says; a demo that shows otherwise fails.
+status=0
+for want in demo-hello=succeeded demo-fails=failed demo-times-out=timed_out; do
+	id=${want%=*} state=${want#*=}
+	got=$(echo "$summary" | awk -v id="$id" '$1 == id { print $2 }')
+	if [ "$got" != "$state" ]; then
+		echo "demo: $id ended $got, want $state" >&2
+		status=1
+	fi
+done
+[ "$status" = 0 ] || { echo "--- dispatcher log" >&2; tail -20 "$data/dispatcher.log" >&2;
+	echo "--- worker log" >&2; tail -20 "$data/worker.log" >&2; }
 say "stopping"
+exit "$status"
