@@ -23,6 +23,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/cli"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/docker"
 	"github.com/fleet-dev/fleet/internal/executor/kube"
 	"github.com/fleet-dev/fleet/internal/executor/noop"
@@ -236,10 +237,10 @@ func run(args []string) error {
 }
 
 // reporterConfig turns the capacity flags into the Reporter's config.
-func reporterConfig(f *flags, cfg worker.Config, exec worker.Executor) (capacity.ReporterConfig, error) {
+func reporterConfig(f *flags, cfg worker.Config, exec executor.Executor) (capacity.ReporterConfig, error) {
 	rc := capacity.ReporterConfig{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
 		Slots: cfg.Slots, GPUs: f.gpus, Interval: f.heartbeat}
-	if p, ok := exec.(worker.CapacityReporter); ok {
+	if p, ok := exec.(executor.CapacityReader); ok {
 		rc.Platform = p
 	}
 	if f.cpu != "" {
@@ -272,7 +273,7 @@ func reporterConfig(f *flags, cfg worker.Config, exec worker.Executor) (capacity
 	return rc, nil
 }
 
-func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (worker.Executor, func(), error) {
+func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (executor.Executor, func(), error) {
 	nothing := func() {}
 	attempts, err := filepath.Abs(filepath.Join(f.dataDir, "attempts"))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 
 	"github.com/fleet-dev/fleet/internal/worker"
@@ -34,7 +35,7 @@ type ReporterConfig struct {
 	GPUs                  int
 	// Platform reports what the executor's platform holds (a Docker host, a
 	// namespace's quota). Optional.
-	Platform worker.CapacityReporter
+	Platform executor.CapacityReader
 	// Draining reports whether the worker is shutting down.
 	Draining func() bool
 	// Interval between heartbeats. Defaults to 3 seconds; the heartbeat and
@@ -61,7 +62,7 @@ type Reporter struct {
 	memUsed int64
 	gpuUsed int
 	totals  totals
-	backend *worker.BackendCapacity
+	backend *executor.Capacity
 	ops     []op
 	wake    chan struct{}
 	outage  bool
@@ -308,7 +309,7 @@ func (r *Reporter) refreshBackend(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
-		r.backend = &worker.BackendCapacity{Health: job.HealthUnhealthy, Reason: err.Error()}
+		r.backend = &executor.Capacity{Health: job.HealthUnhealthy, Reason: err.Error()}
 		return
 	}
 	r.backend = bc

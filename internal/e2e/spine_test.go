@@ -20,13 +20,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
-func processExec(t *testing.T) worker.Executor {
+func processExec(t *testing.T) executor.Executor {
 	t.Helper()
 	e, err := process.New(process.Config{Dir: t.TempDir(), Grace: 500 * time.Millisecond})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/worker"
@@ -72,7 +73,7 @@ func Start(t testing.TB, opts ...Option) *Fleet {
 }
 
 // Worker starts a worker in the test process; it stops when the test ends.
-func (f *Fleet) Worker(t testing.TB, exec worker.Executor, cfg worker.Config) *worker.Worker {
+func (f *Fleet) Worker(t testing.TB, exec executor.Executor, cfg worker.Config) *worker.Worker {
 	t.Helper()
 	if cfg.Queue.AckWait == 0 {
 		cfg.Queue = f.Queue

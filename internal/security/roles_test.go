@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/worker"
@@ -109,20 +110,20 @@ func (f *fleet) noViolations(t *testing.T) {
 // output, "fail" exits 3, "block" runs until cancelled.
 type testExecutor struct{}
 
-func (testExecutor) Run(ctx context.Context, task *worker.Task) (*worker.Outcome, error) {
+func (testExecutor) Run(ctx context.Context, task *executor.Task) (*executor.Outcome, error) {
 	start := time.Now()
 	switch task.Request.Command[0] {
 	case "ok":
 		task.Report.Log("stdout", "hello")
-		return worker.Succeeded(start, map[string]string{"out.txt": "hi"}), nil
+		return executor.Succeeded(start, map[string]string{"out.txt": "hi"}), nil
 	case "fail":
 		code := 3
-		return &worker.Outcome{Status: job.StatusFailed, ExitCode: &code, StartedAt: start, FinishedAt: time.Now(),
+		return &executor.Outcome{Status: job.StatusFailed, ExitCode: &code, StartedAt: start, FinishedAt: time.Now(),
 			Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exit code 3")}, nil
 	case "block":
 		task.Report.Phase("running", "waiting to be cancelled")
 		<-ctx.Done()
-		return worker.CancelledOutcome(ctx, start), nil
+		return executor.CancelledOutcome(ctx, start), nil
 	}
 	return nil, errors.New("unknown command")
 }

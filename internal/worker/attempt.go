@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -158,13 +159,13 @@ func (a *attempt) checkBeforeRun(ctx context.Context) (done bool, err error) {
 		// Finished by an earlier delivery that did not get to acknowledge.
 		return true, a.msg.Ack()
 	case rec.CancelRequested:
-		return true, a.finish(ctx, &Outcome{Status: job.StatusCancelled,
+		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusCancelled,
 			Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled before attempt %d started", a.n)}, a.n-1)
 	case req.Deadline != nil && now.After(a.sub.Add(req.Deadline.Std())):
-		return true, a.finish(ctx, &Outcome{Status: job.StatusTimedOut,
+		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusTimedOut,
 			Failure: job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed before attempt %d", req.Deadline, a.n)}, a.n-1)
 	case req.QueueTimeout != nil && rec.StartedAt == nil && now.After(a.sub.Add(req.QueueTimeout.Std())):
-		return true, a.finish(ctx, &Outcome{Status: job.StatusTimedOut,
+		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusTimedOut,
 			Failure: job.Failf(job.ClassTimeout, job.CodeQueueTimeout, "queued longer than queue_timeout %s", req.QueueTimeout)}, 0)
 	}
 
@@ -193,7 +194,7 @@ func (a *attempt) checkBeforeRun(ctx context.Context) (done bool, err error) {
 		}
 		last := a.n - 1
 		if !req.Retry.Retries(job.ClassInfrastructure, nil) || last >= req.Retry.MaxAttempts {
-			return true, a.finish(ctx, &Outcome{Status: job.StatusFailed, Failure: a.rec.Failure}, last)
+			return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed, Failure: a.rec.Failure}, last)
 		}
 		a.event(job.EventRetryScheduled, func(e *job.Event) {
 			e.Attempt = last
@@ -210,11 +211,11 @@ func (a *attempt) checkBeforeRun(ctx context.Context) (done bool, err error) {
 		if f == nil {
 			f = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "delivered %d times without finishing", a.n-1)
 		}
-		return true, a.finish(ctx, &Outcome{Status: job.StatusFailed, Failure: f}, a.n-1)
+		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed, Failure: f}, a.n-1)
 	}
-	if v, ok := a.w.exec.(Validator); ok {
+	if v, ok := a.w.exec.(executor.Validator); ok {
 		if err := v.Validate(req); err != nil {
-			return true, a.finish(ctx, &Outcome{Status: job.StatusFailed,
+			return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed,
 				Failure: job.Failf(job.ClassRejected, job.CodeInvalid, "%s executor cannot run it: %v", a.w.cfg.Backend, err)}, a.n)
 		}
 	}
@@ -286,10 +287,10 @@ func (a *attempt) run(ctx context.Context) error {
 		}
 	}
 	stopProgress := a.progress()
-	out, err := w.exec.Run(a.ctx, &Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
+	out, err := w.exec.Run(a.ctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
 	stopProgress()
 
-	if errors.Is(context.Cause(a.ctx), ErrHandBack) && (out == nil || out.Status != job.StatusSucceeded) {
+	if errors.Is(context.Cause(a.ctx), executor.ErrHandBack) && (out == nil || out.Status != job.StatusSucceeded) {
 		return a.handBack(ctx, "worker "+w.cfg.ID+" is shutting down")
 	}
 	if err != nil {
@@ -297,7 +298,7 @@ func (a *attempt) run(ctx context.Context) error {
 		if !ok {
 			f = job.Failf(job.ClassInfrastructure, "executor_error", "%v", err)
 		}
-		out = &Outcome{Status: StatusOf(f), Failure: f, StartedAt: a.started}
+		out = &executor.Outcome{Status: executor.StatusOf(f), Failure: f, StartedAt: a.started}
 	}
 	if out.StartedAt.IsZero() {
 		out.StartedAt = a.started
@@ -343,7 +344,7 @@ func (a *attempt) begin(ctx context.Context) error {
 
 // retryPlan decides whether a failed attempt is tried again, after what
 // delay, and with how much memory.
-func (a *attempt) retryPlan(out *Outcome) (time.Duration, string, bool) {
+func (a *attempt) retryPlan(out *executor.Outcome) (time.Duration, string, bool) {
 	p, f := a.req.Retry, out.Failure
 	if f == nil || a.n >= p.MaxAttempts {
 		return 0, "", false
@@ -371,7 +372,7 @@ func (a *attempt) retryPlan(out *Outcome) (time.Duration, string, bool) {
 	return delay, memory, true
 }
 
-func (a *attempt) retry(ctx context.Context, out *Outcome, delay time.Duration, memory string) error {
+func (a *attempt) retry(ctx context.Context, out *executor.Outcome, delay time.Duration, memory string) error {
 	w := a.w
 	next := time.Now().Add(delay)
 	rec := a.rec
@@ -398,7 +399,7 @@ func (a *attempt) retry(ctx context.Context, out *Outcome, delay time.Duration, 
 // finish ends the job: one result, its final event and record, a dead
 // letter when it failed, then the message is acknowledged or terminated.
 // attempts is the number of attempts the job had.
-func (a *attempt) finish(ctx context.Context, out *Outcome, attempts int) error {
+func (a *attempt) finish(ctx context.Context, out *executor.Outcome, attempts int) error {
 	w, rec := a.w, a.rec
 	if out.FinishedAt.IsZero() {
 		out.FinishedAt = time.Now()
@@ -552,11 +553,11 @@ func (a *attempt) save(ctx context.Context, futures []jetstream.PubAckFuture) er
 				a.rev = rev
 				if cur.CancelRequested && !a.rec.CancelRequested {
 					a.rec.CancelRequested = true
-					a.cancel(ErrCancelled)
+					a.cancel(executor.ErrCancelled)
 				}
 				if cur.State.Final() && !a.rec.State.Final() {
 					// The dispatcher finished it (a cancel while queued).
-					a.cancel(ErrCancelled)
+					a.cancel(executor.ErrCancelled)
 					return nil
 				}
 				continue
@@ -724,7 +725,7 @@ func (a *attempt) newRecord() *job.Record {
 		TraceID: a.traceID}
 }
 
-func attemptSummary(n int, worker string, out *Outcome) job.Attempt {
+func attemptSummary(n int, worker string, out *executor.Outcome) job.Attempt {
 	s := job.Attempt{Attempt: n, WorkerID: worker, ExitCode: out.ExitCode, Failure: out.Failure}
 	if !out.StartedAt.IsZero() {
 		t := out.StartedAt

@@ -1,5 +1,6 @@
 // Package worker pulls jobs of one pool from JetStream and runs each attempt
-// with an Executor, publishing lifecycle events and the final result back.
+// with an Executor (package executor), publishing lifecycle events and the
+// final result back.
 //
 // A worker holds no job state of its own beyond the attempts it is running:
 // JetStream redelivers whatever it took and did not finish, so the process
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -137,7 +139,7 @@ type Worker struct {
 	cfg   Config
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	exec  Executor
+	exec  executor.Executor
 	names queue.Names
 	log   *slog.Logger
 	slots *slots
@@ -159,7 +161,7 @@ type Worker struct {
 }
 
 // New returns a Worker; Start starts it.
-func New(nc *nats.Conn, exec Executor, cfg Config) (*Worker, error) {
+func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("worker config: %w", err)
@@ -186,7 +188,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.store = store
-	if r, ok := w.exec.(Recoverer); ok {
+	if r, ok := w.exec.(executor.Recoverer); ok {
 		if err := r.Recover(ctx, w.cfg.ID); err != nil {
 			return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 		}
@@ -224,13 +226,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		w.log.Warn("drain timeout: handing back running jobs", "running", w.Running())
-		w.stopRuns(ErrHandBack)
+		w.stopRuns(executor.ErrHandBack)
 		<-done
 	}
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
 	}
-	w.stopRuns(ErrHandBack)
+	w.stopRuns(executor.ErrHandBack)
 	select {
 	case <-w.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Second):
@@ -343,7 +345,7 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	w.mu.Unlock()
 	if a != nil {
 		w.log.Info("cancelling running job", "job_id", id, "attempt", a.n)
-		a.cancel(ErrCancelled)
+		a.cancel(executor.ErrCancelled)
 	}
 }
 

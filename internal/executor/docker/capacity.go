@@ -11,7 +11,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/system"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -20,13 +20,13 @@ import (
 // of every worker sharing the host), and the host itself. A daemon that
 // does not answer makes the backend unhealthy, with the reason; Capacity
 // itself does not fail.
-func (e *Executor) Capacity(ctx context.Context) (*worker.BackendCapacity, error) {
+func (e *Executor) Capacity(ctx context.Context) (*executor.Capacity, error) {
 	info, err := e.api.Info(ctx)
 	if err != nil {
-		return &worker.BackendCapacity{GPUs: e.cfg.GPUs, Health: job.HealthUnhealthy, Reason: "Docker daemon: " + err.Error()}, nil
+		return &executor.Capacity{GPUs: e.cfg.GPUs, Health: job.HealthUnhealthy, Reason: "Docker daemon: " + err.Error()}, nil
 	}
 	cpu, mem := int64(info.NCPU)*1000, info.MemTotal
-	c := &worker.BackendCapacity{CPUMilli: &cpu, MemoryBytes: &mem, GPUs: e.cfg.GPUs, Health: job.HealthHealthy, Host: e.host(info)}
+	c := &executor.Capacity{CPUMilli: &cpu, MemoryBytes: &mem, GPUs: e.cfg.GPUs, Health: job.HealthHealthy, Host: e.host(info)}
 	list, err := e.api.ContainerList(ctx, container.ListOptions{All: true,
 		Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -51,7 +51,7 @@ func randomSuffix() string {
 }
 
 // labels says who owns the container of an attempt.
-func labels(t *worker.Task, workspaceRoot string) map[string]string {
+func labels(t *executor.Task, workspaceRoot string) map[string]string {
 	return map[string]string{
 		LabelManaged:   "true",
 		LabelJobID:     t.JobID,
@@ -98,7 +98,7 @@ func runAs(imageUser, fallback string) string {
 
 // spec is the container of one attempt: command, environment, labels,
 // workspace mounts, limits, and the hardening every container gets.
-func (e *Executor) spec(t *worker.Task, imageUser string, dir *workspace.Dir) (*container.Config, *container.HostConfig) {
+func (e *Executor) spec(t *executor.Task, imageUser string, dir *workspace.Dir) (*container.Config, *container.HostConfig) {
 	req := t.Request
 	cfg := &container.Config{
 		Image:  req.Image,
@@ -144,7 +144,7 @@ func containerWorkdir(dir string) string {
 
 // environ is the container's environment on top of the image's: where the
 // workspace is, which attempt this is, then the request's own variables.
-func environ(t *worker.Task) []string {
+func environ(t *executor.Task) []string {
 	env := []string{
 		"FLEET_INPUTS=" + workspace.ContainerInputs,
 		"FLEET_OUTPUTS=" + workspace.ContainerOutputs,

@@ -14,7 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -83,7 +83,7 @@ func TestContainerName(t *testing.T) {
 
 func TestLabels(t *testing.T) {
 	t.Parallel()
-	task := &worker.Task{JobID: "Job.1", Attempt: 2, WorkerID: "w-7", Pool: "gpu"}
+	task := &executor.Task{JobID: "Job.1", Attempt: 2, WorkerID: "w-7", Pool: "gpu"}
 	want := map[string]string{
 		"fleet.managed": "true", "fleet.job_id": "Job.1", "fleet.attempt": "2",
 		"fleet.worker_id": "w-7", "fleet.pool": "gpu", "fleet.workspace": "/var/lib/fleet/Job.1-2-ab",
@@ -151,7 +151,7 @@ func TestSpec(t *testing.T) {
 		Env: map[string]string{"TOKEN": "secret", "A": "1"},
 	}
 	req.Normalize()
-	task := &worker.Task{JobID: "j1", Attempt: 1, WorkerID: "w1", Pool: "default", Request: req}
+	task := &executor.Task{JobID: "j1", Attempt: 1, WorkerID: "w1", Pool: "default", Request: req}
 	dir := &workspace.Dir{Root: "/ws/j1", Inputs: "/ws/j1/inputs", Outputs: "/ws/j1/outputs", Work: "/ws/j1/work"}
 
 	cfg, host := e.spec(task, "", dir)
@@ -266,8 +266,8 @@ func TestConcurrentPullsOfOneImageAreOne(t *testing.T) {
 		if n := calls.Load(); n != 2 {
 			t.Fatalf("%d pulls under way for two images", n)
 		}
-		cancel(worker.ErrCancelled)
-		if err := <-gaveUp; !errors.Is(err, worker.ErrCancelled) {
+		cancel(executor.ErrCancelled)
+		if err := <-gaveUp; !errors.Is(err, executor.ErrCancelled) {
 			t.Errorf("a cancelled caller got %v", err)
 		}
 

@@ -46,8 +46,8 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -152,10 +152,10 @@ type Executor struct {
 }
 
 var (
-	_ worker.Executor         = (*Executor)(nil)
-	_ worker.Validator        = (*Executor)(nil)
-	_ worker.Recoverer        = (*Executor)(nil)
-	_ worker.CapacityReporter = (*Executor)(nil)
+	_ executor.Executor       = (*Executor)(nil)
+	_ executor.Validator      = (*Executor)(nil)
+	_ executor.Recoverer      = (*Executor)(nil)
+	_ executor.CapacityReader = (*Executor)(nil)
 )
 
 // New returns an Executor. It does not contact the daemon; Ping does.
@@ -227,7 +227,7 @@ const (
 // failure, a daemon error as an error (infrastructure). Once it has
 // started, the Outcome says how the attempt ended; the container is gone
 // when Run returns, unless KeepFailed keeps it.
-func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome, err error) {
+func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
 	if err := e.Validate(req); err != nil {
 		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
@@ -236,7 +236,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	img, err := e.image(ctx, req.Image, req.PullPolicy, t.Report)
 	endPull(err)
 	if ctx.Err() != nil {
-		return worker.CancelledOutcome(ctx, time.Time{}), nil
+		return executor.CancelledOutcome(ctx, time.Time{}), nil
 	}
 	if err != nil {
 		return nil, err
@@ -290,8 +290,8 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 		t.Report.Phase("running", "container "+name+" started")
 	}
 
-	stdout := worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)
-	stderr := worker.NewOutput("stderr", t.Report, e.cfg.TailBytes)
+	stdout := executor.NewOutput("stdout", t.Report, e.cfg.TailBytes)
+	stderr := executor.NewOutput("stderr", t.Report, e.cfg.TailBytes)
 	logsDone := e.follow(bg, id, stdout, stderr)
 	// The wait runs on a context of its own, not the attempt's: a cancel
 	// must stop the container, not stop watching it.
@@ -299,12 +299,12 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	defer stopWait()
 	exited := e.wait(waitCtx, id)
 
-	x, stopped := worker.Supervise(ctx, req.Timeout.Std(), exited, func() (exit, string) {
+	x, stopped := executor.Supervise(ctx, req.Timeout.Std(), exited, func() (exit, string) {
 		return e.terminate(bg, id, exited)
 	})
 	logsDone()
 
-	out = &worker.Outcome{StartedAt: started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
+	out = &executor.Outcome{StartedAt: started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
 	oom := false
 	if x.err == nil {
 		code := int(x.code)
@@ -318,7 +318,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	out.Outputs = outputs
 	switch {
 	case stopped != nil:
-		out.Status, out.Failure = worker.StatusOf(stopped), stopped
+		out.Status, out.Failure = executor.StatusOf(stopped), stopped
 	case cerrdefs.IsNotFound(x.err):
 		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerVanished,
 			"container %s was removed while the attempt ran", name)
@@ -341,7 +341,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 // workspace creates the attempt's workspace, with its workdir when that is
 // under /fleet/work: made here, the container's user can write to it; made
 // by the daemon, it would be root's.
-func (e *Executor) workspace(t *worker.Task) (*workspace.Dir, error) {
+func (e *Executor) workspace(t *executor.Task) (*workspace.Dir, error) {
 	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, t.Request.Inputs)
 	if err != nil {
 		return nil, err
@@ -363,12 +363,12 @@ func (e *Executor) workspace(t *worker.Task) (*workspace.Dir, error) {
 // a command that cannot be run, missing or not executable, an invalid
 // argument, and gives the container the shell's exit code for it (127 or
 // 126): that is the job's failure. Anything else is the daemon's.
-func (e *Executor) startFailed(ctx context.Context, id, name string, err error) (*worker.Outcome, error) {
+func (e *Executor) startFailed(ctx context.Context, id, name string, err error) (*executor.Outcome, error) {
 	if !cerrdefs.IsInvalidArgument(err) {
 		return nil, fmt.Errorf("start container %s: %w", name, err)
 	}
 	now := time.Now()
-	out := &worker.Outcome{Status: job.StatusFailed, StartedAt: now, FinishedAt: now,
+	out := &executor.Outcome{Status: job.StatusFailed, StartedAt: now, FinishedAt: now,
 		Failure: job.Failf(job.ClassExecution, CodeStartFailed, "cannot start the container: %v", err)}
 	if c, err := e.api.ContainerInspect(ctx, id); err == nil && c.State != nil && c.State.ExitCode != 0 {
 		code := c.State.ExitCode
@@ -479,7 +479,7 @@ func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit)
 // follow copies the container's output, stdout and stderr apart, into the
 // Outputs. The returned function waits for the copy to end, which it does
 // when the container has stopped; it waits a few seconds at most.
-func (e *Executor) follow(ctx context.Context, id string, stdout, stderr *worker.Output) (wait func()) {
+func (e *Executor) follow(ctx context.Context, id string, stdout, stderr *executor.Output) (wait func()) {
 	rc, err := e.stream.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: true})
 	if err != nil {
 		e.log.Warn("cannot follow the container's output", "container_id", id, "err", err)

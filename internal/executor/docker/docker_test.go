@@ -22,7 +22,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/fleet-dev/fleet/internal/dockertest"
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -61,7 +61,7 @@ func setup(t testing.TB, cfg Config) *testBundle {
 
 // task makes an attempt of req, which runs the test image with
 // pull_policy never unless it says otherwise.
-func (b *testBundle) task(id string, req *job.Request) *worker.Task {
+func (b *testBundle) task(id string, req *job.Request) *executor.Task {
 	if req.Image == "" {
 		req.Image = b.image
 	}
@@ -69,11 +69,11 @@ func (b *testBundle) task(id string, req *job.Request) *worker.Task {
 		req.PullPolicy = job.PullNever
 	}
 	req.Normalize()
-	return &worker.Task{JobID: id, Attempt: 1, WorkerID: b.worker, Pool: "default", Request: req,
+	return &executor.Task{JobID: id, Attempt: 1, WorkerID: b.worker, Pool: "default", Request: req,
 		Report: &reporter{running: make(chan string, 1)}}
 }
 
-func (b *testBundle) run(t *testing.T, task *worker.Task) *worker.Outcome {
+func (b *testBundle) run(t *testing.T, task *executor.Task) *executor.Outcome {
 	t.Helper()
 	out, err := b.exec.Run(context.Background(), task)
 	if err != nil {
@@ -295,7 +295,7 @@ func TestCancelStopsTheRunningContainer(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	go func() {
 		<-task.Report.(*reporter).running
-		cancel(worker.ErrCancelled)
+		cancel(executor.ErrCancelled)
 	}()
 	out, err := b.exec.Run(ctx, task)
 	if err != nil {
@@ -384,7 +384,7 @@ func TestImagesOutsideTheAllowlistAreRefused(t *testing.T) {
 		t.Errorf("Validate = %v, want %q", err, want)
 	}
 	// Run refuses it as well, before asking anything of the daemon.
-	_, err = e.Run(context.Background(), &worker.Task{JobID: "j", Attempt: 1, Request: req})
+	_, err = e.Run(context.Background(), &executor.Task{JobID: "j", Attempt: 1, Request: req})
 	var f *job.Failure
 	if !errors.As(err, &f) || f.Class != job.ClassRejected || !strings.Contains(f.Message, "not allowed") {
 		t.Errorf("Run = %v", err)

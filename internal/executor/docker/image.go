@@ -12,7 +12,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/jsonmessage"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -26,7 +26,7 @@ const (
 // its description. if_not_present pulls only an image the host does not
 // have, so an image built on the host is never pulled; always pulls every
 // time; never only looks.
-func (e *Executor) image(ctx context.Context, ref string, policy job.PullPolicy, report worker.Reporter) (image.InspectResponse, error) {
+func (e *Executor) image(ctx context.Context, ref string, policy job.PullPolicy, report executor.Reporter) (image.InspectResponse, error) {
 	if policy != job.PullAlways {
 		img, err := e.api.ImageInspect(ctx, ref)
 		switch {

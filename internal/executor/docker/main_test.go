@@ -12,7 +12,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/fleet-dev/fleet/internal/dockertest"
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -80,7 +80,7 @@ func runChild(spec string) int {
 	req.Normalize()
 	rep := &reporter{running: make(chan string, 1)}
 	go func() { fmt.Println("running", <-rep.running) }()
-	_, err = e.Run(context.Background(), &worker.Task{JobID: "orphan", Attempt: 1, WorkerID: workerID, Pool: "default", Request: req, Report: rep})
+	_, err = e.Run(context.Background(), &executor.Task{JobID: "orphan", Attempt: 1, WorkerID: workerID, Pool: "default", Request: req, Report: rep})
 	fmt.Println("error: the attempt ended:", err)
 	return 1
 }

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -20,12 +20,12 @@ import (
 // are unknown (nil), and the worker's slots alone bound its work. Workers
 // that share a namespace each report its whole quota. It also counts the
 // worker's pods by state.
-func (e *Executor) Capacity(ctx context.Context) (*worker.BackendCapacity, error) {
+func (e *Executor) Capacity(ctx context.Context) (*executor.Capacity, error) {
 	quotas, err := e.client.CoreV1().ResourceQuotas(e.cfg.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("resource quotas of namespace %s: %w", e.cfg.Namespace, err)
 	}
-	c := &worker.BackendCapacity{Health: job.HealthHealthy}
+	c := &executor.Capacity{Health: job.HealthHealthy}
 	milli, value := (*resource.Quantity).MilliValue, (*resource.Quantity).Value
 	var gpus *int64
 	for _, q := range quotas.Items {

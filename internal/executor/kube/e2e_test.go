@@ -18,8 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/kubetest"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -75,13 +75,13 @@ func (c *cluster) restrict(t *testing.T) {
 	}
 }
 
-func (c *cluster) run(ctx context.Context, req *job.Request) (*worker.Outcome, error) {
+func (c *cluster) run(ctx context.Context, req *job.Request) (*executor.Outcome, error) {
 	tk := task(req)
 	tk.Report = c.report
 	return c.exec.Run(ctx, tk)
 }
 
-func (c *cluster) mustRun(t *testing.T, ctx context.Context, req *job.Request) *worker.Outcome {
+func (c *cluster) mustRun(t *testing.T, ctx context.Context, req *job.Request) *executor.Outcome {
 	t.Helper()
 	begin := time.Now()
 	out, err := c.run(ctx, req)
@@ -363,7 +363,7 @@ func cancelWhenRunning(r *recorder) context.Context {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	go func() {
 		if r.waitFor("Running", 30*time.Second) {
-			cancel(worker.ErrCancelled)
+			cancel(executor.ErrCancelled)
 		} else {
 			cancel(errors.New("the pod never ran"))
 		}

@@ -40,7 +40,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -182,10 +182,10 @@ type Executor struct {
 }
 
 var (
-	_ worker.Executor         = (*Executor)(nil)
-	_ worker.Validator        = (*Executor)(nil)
-	_ worker.Recoverer        = (*Executor)(nil)
-	_ worker.CapacityReporter = (*Executor)(nil)
+	_ executor.Executor       = (*Executor)(nil)
+	_ executor.Validator      = (*Executor)(nil)
+	_ executor.Recoverer      = (*Executor)(nil)
+	_ executor.CapacityReader = (*Executor)(nil)
 )
 
 // New returns an Executor and starts watching the worker's Jobs and pods.

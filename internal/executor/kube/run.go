@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -30,7 +30,7 @@ const callTimeout = 30 * time.Second
 
 // Run runs one attempt as a Job and waits, on the informers'
 // notifications, until the Job has ended and nothing of it runs.
-func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, error) {
+func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome, error) {
 	req := t.Request.Clone()
 	req.Normalize()
 	if err := e.Validate(req); err != nil {
@@ -41,13 +41,13 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 	}
 	if err := e.synced(ctx); err != nil {
 		if ctx.Err() != nil {
-			return worker.CancelledOutcome(ctx, time.Now()), nil
+			return executor.CancelledOutcome(ctx, time.Now()), nil
 		}
 		return nil, err
 	}
 
 	a := &attempt{e: e, t: t, req: req, name: jobName(t.JobID, t.Attempt),
-		stdout: worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)}
+		stdout: executor.NewOutput("stdout", t.Report, e.cfg.TailBytes)}
 	a.log = e.log.With("job_id", t.JobID, "attempt", t.Attempt, "k8s_job", a.name)
 	var unwatch func()
 	a.w, unwatch = e.watch(a.name)
@@ -74,7 +74,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 	endCreate(err)
 	if err != nil {
 		if ctx.Err() != nil {
-			return worker.CancelledOutcome(ctx, time.Now()), nil
+			return executor.CancelledOutcome(ctx, time.Now()), nil
 		}
 		return nil, err
 	}
@@ -86,7 +86,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 	endRun(nil)
 	a.phase(v.phase, v.reason, v.message())
 	a.readLogs(ctx, v)
-	out := &worker.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
+	out := &executor.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
 		StartedAt: started, Stdout: a.stdout.Tail()}
 	if dir != nil {
 		_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
@@ -108,12 +108,12 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, er
 // attempt is one Run.
 type attempt struct {
 	e      *Executor
-	t      *worker.Task
+	t      *executor.Task
 	req    *job.Request
 	name   string // of the Job and its Secret
 	log    *slog.Logger
 	w      *watcher
-	stdout *worker.Output
+	stdout *executor.Output
 
 	pod        *corev1.Pod // the newest pod seen, kept after it is deleted
 	reported   string      // the last phase reported

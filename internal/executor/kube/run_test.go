@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -68,7 +68,7 @@ func setup(t *testing.T, change func(*Config), objects ...runtime.Object) *bundl
 }
 
 type result struct {
-	out *worker.Outcome
+	out *executor.Outcome
 	err error
 }
 
@@ -142,7 +142,7 @@ func (b *bundle) jobExists(t *testing.T, name string) bool {
 	return err == nil
 }
 
-func await(t *testing.T, done <-chan result) *worker.Outcome {
+func await(t *testing.T, done <-chan result) *executor.Outcome {
 	t.Helper()
 	select {
 	case r := <-done:
@@ -156,7 +156,7 @@ func await(t *testing.T, done <-chan result) *worker.Outcome {
 	return nil
 }
 
-func describe(out *worker.Outcome) string {
+func describe(out *executor.Outcome) string {
 	s := string(out.Status)
 	if out.Failure != nil {
 		s += " " + string(out.Failure.Class) + "/" + out.Failure.Code
@@ -265,7 +265,7 @@ func TestRunCancel(t *testing.T) {
 	j := b.awaitJob(t)
 	b.setPod(t, j, corev1.PodRunning, running)
 	b.report.await(t, "Running")
-	cancel(worker.ErrCancelled)
+	cancel(executor.ErrCancelled)
 	out := await(t, done)
 
 	equal(t, "outcome", describe(out), "cancelled cancelled/cancelled")
@@ -474,7 +474,7 @@ func TestNewRefusesABadConfig(t *testing.T) {
 	}
 }
 
-// recorder is a worker.Reporter that remembers what it was told.
+// recorder is a executor.Reporter that remembers what it was told.
 type recorder struct {
 	mu     sync.Mutex
 	phases []string

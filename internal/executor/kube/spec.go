@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -85,7 +85,7 @@ func ownerLabels(workerID string) map[string]string {
 // activeDeadlineSeconds, no retries by Kubernetes, and the workspace
 // contract. subPath is the attempt's outputs folder on the shared volume,
 // empty without one. The request must be valid and normalized.
-func (c *Config) build(t *worker.Task, req *job.Request, name, subPath string) *spec {
+func (c *Config) build(t *executor.Task, req *job.Request, name, subPath string) *spec {
 	labels := maps.Clone(req.Labels)
 	if labels == nil {
 		labels = map[string]string{}

@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -76,8 +76,8 @@ func request(change func(*job.Request)) *job.Request {
 	return r
 }
 
-func task(r *job.Request) *worker.Task {
-	return &worker.Task{JobID: "job-1", Attempt: 2, WorkerID: "worker-1", Pool: "gpu", Request: r}
+func task(r *job.Request) *executor.Task {
+	return &executor.Task{JobID: "job-1", Attempt: 2, WorkerID: "worker-1", Pool: "gpu", Request: r}
 }
 
 func TestBuild(t *testing.T) {

@@ -6,15 +6,15 @@ import (
 	"context"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 )
 
 // Executor succeeds at once.
 type Executor struct{}
 
-var _ worker.Executor = Executor{}
+var _ executor.Executor = Executor{}
 
 // Run reports success without doing anything.
-func (Executor) Run(ctx context.Context, t *worker.Task) (*worker.Outcome, error) {
-	return worker.Succeeded(time.Now(), nil), nil
+func (Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome, error) {
+	return executor.Succeeded(time.Now(), nil), nil
 }

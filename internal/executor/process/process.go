@@ -23,8 +23,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -51,8 +51,8 @@ type Executor struct {
 	path string
 }
 
-var _ worker.Executor = (*Executor)(nil)
-var _ worker.Validator = (*Executor)(nil)
+var _ executor.Executor = (*Executor)(nil)
+var _ executor.Validator = (*Executor)(nil)
 
 // New returns an Executor.
 func New(cfg Config) (*Executor, error) {
@@ -87,7 +87,7 @@ func (e *Executor) Validate(r *job.Request) error {
 }
 
 // Run runs one attempt.
-func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome, err error) {
+func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
 	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, req.Inputs)
 	if err != nil {
@@ -109,8 +109,8 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	// Its own process group, so that a stop reaches its children; and it
 	// dies with the worker, whose successor will run the job again.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	stdout := worker.NewOutput("stdout", t.Report, e.cfg.TailBytes)
-	stderr := worker.NewOutput("stderr", t.Report, e.cfg.TailBytes)
+	stdout := executor.NewOutput("stdout", t.Report, e.cfg.TailBytes)
+	stderr := executor.NewOutput("stderr", t.Report, e.cfg.TailBytes)
 	copied, err := pipeOutput(cmd, stdout, stderr)
 	if err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	if err := cmd.Start(); err != nil {
 		endRun(err)
 		copied.abort()
-		return &worker.Outcome{Status: job.StatusFailed, StartedAt: started, FinishedAt: time.Now(),
+		return &executor.Outcome{Status: job.StatusFailed, StartedAt: started, FinishedAt: time.Now(),
 			Failure: job.Failf(job.ClassExecution, "start_failed", "cannot start %s: %v", req.Command[0], unwrapExec(err))}, nil
 	}
 	copied.started()
@@ -129,7 +129,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
-	waitErr, stopped := worker.Supervise(ctx, req.Timeout.Std(), exited, func() (error, string) {
+	waitErr, stopped := executor.Supervise(ctx, req.Timeout.Std(), exited, func() (error, string) {
 		return e.terminate(pgid, exited)
 	})
 	// Leave nothing behind: children that outlived the process go too.
@@ -138,7 +138,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	finished := time.Now()
 	endRun(waitErr)
 
-	out = &worker.Outcome{StartedAt: started, FinishedAt: finished, Stdout: stdout.Tail(), Stderr: stderr.Tail()}
+	out = &executor.Outcome{StartedAt: started, FinishedAt: finished, Stdout: stdout.Tail(), Stderr: stderr.Tail()}
 	code, signaled := exitCode(cmd.ProcessState, waitErr)
 	out.ExitCode = &code
 	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
@@ -151,7 +151,7 @@ func (e *Executor) Run(ctx context.Context, t *worker.Task) (out *worker.Outcome
 	out.Outputs = outputs
 	switch {
 	case stopped != nil:
-		out.Status, out.Failure = worker.StatusOf(stopped), stopped
+		out.Status, out.Failure = executor.StatusOf(stopped), stopped
 	case code != 0:
 		msg := fmt.Sprintf("exited with code %d", code)
 		if signaled != "" {
@@ -184,7 +184,7 @@ func (e *Executor) terminate(pgid int, exited <-chan error) (error, string) {
 // environ is the process's whole environment: a PATH, the workspace, and
 // the request's own variables. Nothing of the worker's environment (its
 // credentials among them) reaches the job.
-func (e *Executor) environ(t *worker.Task, dir *workspace.Dir) []string {
+func (e *Executor) environ(t *executor.Task, dir *workspace.Dir) []string {
 	env := []string{
 		"PATH=" + e.path,
 		"HOME=" + dir.Work,
@@ -229,9 +229,9 @@ type output struct {
 	writers []*os.File
 }
 
-func pipeOutput(cmd *exec.Cmd, stdout, stderr *worker.Output) (*output, error) {
+func pipeOutput(cmd *exec.Cmd, stdout, stderr *executor.Output) (*output, error) {
 	o := &output{}
-	for _, dst := range []*worker.Output{stdout, stderr} {
+	for _, dst := range []*executor.Output{stdout, stderr} {
 		r, w, err := os.Pipe()
 		if err != nil {
 			o.abort()
@@ -240,7 +240,7 @@ func pipeOutput(cmd *exec.Cmd, stdout, stderr *worker.Output) (*output, error) {
 		o.readers = append(o.readers, r)
 		o.writers = append(o.writers, w)
 		o.wg.Add(1)
-		go func(r *os.File, dst *worker.Output) {
+		go func(r *os.File, dst *executor.Output) {
 			defer o.wg.Done()
 			_, _ = io.Copy(dst, r)
 			_ = dst.Close()

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -24,7 +24,7 @@ func (r *reporter) Log(stream, line string) {
 }
 func (r *reporter) Phase(string, string) {}
 
-func run(t *testing.T, e *Executor, ctx context.Context, r *job.Request) (*worker.Outcome, *reporter) {
+func run(t *testing.T, e *Executor, ctx context.Context, r *job.Request) (*executor.Outcome, *reporter) {
 	t.Helper()
 	r.ID = "p1"
 	r.Normalize()
@@ -32,7 +32,7 @@ func run(t *testing.T, e *Executor, ctx context.Context, r *job.Request) (*worke
 		t.Fatal(err)
 	}
 	rep := &reporter{}
-	out, err := e.Run(ctx, &worker.Task{JobID: r.ID, Attempt: 1, WorkerID: "w", Pool: "default", Request: r, Report: rep})
+	out, err := e.Run(ctx, &executor.Task{JobID: r.ID, Attempt: 1, WorkerID: "w", Pool: "default", Request: r, Report: rep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestRunReportsHowTheProcessEnded(t *testing.T) {
 func TestCancelStopsTheProcess(t *testing.T) {
 	e := newExec(t)
 	ctx, cancel := context.WithCancelCause(context.Background())
-	go func() { time.Sleep(200 * time.Millisecond); cancel(worker.ErrCancelled) }()
+	go func() { time.Sleep(200 * time.Millisecond); cancel(executor.ErrCancelled) }()
 	start := time.Now()
 	out, _ := run(t, e, ctx, &job.Request{Command: []string{"sleep", "10"}})
 	if out.Status != job.StatusCancelled || out.Failure.Class != job.ClassCancelled || time.Since(start) > 5*time.Second {

@@ -1,4 +1,4 @@
-package worker
+package executor
 
 import (
 	"context"
@@ -102,14 +102,14 @@ type Recoverer interface {
 	Recover(ctx context.Context, workerID string) error
 }
 
-// CapacityReporter is implemented by executors that know what their backend
+// CapacityReader is implemented by executors that know what their backend
 // can hold; the worker's heartbeat reports it.
-type CapacityReporter interface {
-	Capacity(ctx context.Context) (*BackendCapacity, error)
+type CapacityReader interface {
+	Capacity(ctx context.Context) (*Capacity, error)
 }
 
-// BackendCapacity is what a backend can hold. Nil totals are unknown.
-type BackendCapacity struct {
+// Capacity is what a backend can hold. Nil totals are unknown.
+type Capacity struct {
 	CPUMilli    *int64
 	MemoryBytes *int64
 	GPUs        int
