@@ -31,7 +31,7 @@ type Client struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	names queue.Names
-	kv    jetstream.KeyValue
+	store *queue.Store
 }
 
 // Option configures a Client.
@@ -67,12 +67,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 }
 
 // Submission is the dispatcher's answer to an accepted request.
-type Submission struct {
-	JobID     string    `json:"job_id"`
-	State     job.State `json:"state"`
-	Duplicate bool      `json:"duplicate,omitempty"`
-	Warning   string    `json:"warning,omitempty"`
-}
+type Submission = job.SubmitReply
 
 // RejectedError is a request the dispatcher refused, with its reason.
 type RejectedError struct {
@@ -108,70 +103,45 @@ func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, erro
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}
-	var reply struct {
-		Submission
-		Error string `json:"error"`
-	}
+	var reply job.SubmitReply
 	if err := json.Unmarshal(m.Data, &reply); err != nil {
 		return nil, fmt.Errorf("submit: unreadable answer: %w", err)
 	}
-	if reply.Error != "" {
+	if reply.Rejected() {
 		return nil, &RejectedError{JobID: reply.JobID, Reason: reply.Error}
 	}
-	return &reply.Submission, nil
+	return &reply, nil
 }
 
 // Status is a job's record and, once it has one, its result.
-type Status struct {
-	Job    *job.Record `json:"job"`
-	Result *job.Result `json:"result,omitempty"`
-}
+type Status = job.StatusReply
 
 // ErrNotFound means the fleet knows no job with that id.
 var ErrNotFound = queue.ErrNotFound
 
 // Status reads a job's state from the jobs bucket, and its result.
 func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
-	if !job.ValidID(id) {
-		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
-	}
-	kv, err := c.bucket(ctx)
+	store, err := c.bucket(ctx)
 	if err != nil {
 		return nil, err
 	}
-	e, err := kv.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
+	s, _, err := store.Status(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("status of %s: %w", id, err)
-	}
-	var rec job.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, fmt.Errorf("status of %s: %w", id, err)
-	}
-	s := &Status{Job: &rec}
-	if rec.State.Final() || rec.State == job.StateRunning {
-		// A worker publishes the result just before it records the end:
-		// the result, when there is one, is the truth.
-		if s.Result, err = queue.LastResult(ctx, c.js, c.names, id); err != nil {
-			return nil, err
-		}
-		queue.FinishFromResult(&rec, s.Result)
 	}
 	return s, nil
 }
 
-func (c *Client) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	if c.kv != nil {
-		return c.kv, nil
+func (c *Client) bucket(ctx context.Context) (*queue.Store, error) {
+	if c.store != nil {
+		return c.store, nil
 	}
-	kv, err := c.js.KeyValue(ctx, c.names.Bucket())
+	store, err := queue.BindStore(ctx, c.js, c.names)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", c.names.Bucket(), err)
+		return nil, err
 	}
-	c.kv = kv
-	return kv, nil
+	c.store = store
+	return store, nil
 }
 
 // Result waits for a job's result.
@@ -253,12 +223,7 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 }
 
 // CancelReply says what a cancel did.
-type CancelReply struct {
-	JobID     string    `json:"job_id"`
-	State     job.State `json:"state"`
-	Cancelled bool      `json:"cancelled"`
-	Message   string    `json:"message"`
-}
+type CancelReply = job.CancelReply
 
 // Cancel asks the dispatcher to cancel a job, in whatever state it is.
 func (c *Client) Cancel(ctx context.Context, id string) (*CancelReply, error) {
@@ -272,9 +237,8 @@ func (c *Client) Cancel(ctx context.Context, id string) (*CancelReply, error) {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
 	var reply struct {
-		CancelReply
-		Error    string `json:"error"`
-		NotFound bool   `json:"not_found"`
+		job.CancelReply
+		job.ErrorReply
 	}
 	if err := json.Unmarshal(m.Data, &reply); err != nil {
 		return nil, fmt.Errorf("cancel %s: unreadable answer: %w", id, err)

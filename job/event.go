@@ -1,7 +1,6 @@
 package job
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -30,72 +29,6 @@ func (t EventType) Final() bool {
 		return true
 	}
 	return false
-}
-
-// FailureClass says why an attempt failed; retry policies are keyed on it.
-type FailureClass string
-
-// Failure classes.
-const (
-	ClassExecution      FailureClass = "execution"      // the command exited non-zero
-	ClassTimeout        FailureClass = "timeout"        // an attempt, the queue wait or the job ran out of time
-	ClassOOM            FailureClass = "oom"            // killed for exceeding its memory limit
-	ClassImage          FailureClass = "image"          // the image is missing or could not be pulled
-	ClassInfrastructure FailureClass = "infrastructure" // daemon or API errors, worker lost, eviction
-	ClassCancelled      FailureClass = "cancelled"      // a user asked for it to stop
-	ClassRejected       FailureClass = "rejected"       // the request is not acceptable
-)
-
-var classes = []FailureClass{ClassExecution, ClassTimeout, ClassOOM, ClassImage, ClassInfrastructure, ClassCancelled, ClassRejected}
-
-func classNames() []string {
-	s := make([]string, len(classes))
-	for i, c := range classes {
-		s[i] = string(c)
-	}
-	return s
-}
-
-// Valid reports whether c is one of the failure classes.
-func (c FailureClass) Valid() bool {
-	for _, k := range classes {
-		if c == k {
-			return true
-		}
-	}
-	return false
-}
-
-// Failure codes used by the fleet itself. Executors add their own.
-const (
-	CodeExitCode       = "exit_code"       // non-zero exit
-	CodeAttemptTimeout = "attempt_timeout" // timeout of one attempt
-	CodeQueueTimeout   = "queue_timeout"   // queued longer than queue_timeout
-	CodeDeadline       = "deadline"        // the whole job exceeded its deadline
-	CodeWorkerLost     = "worker_lost"     // the worker stopped heartbeating mid-attempt
-	CodeCancelled      = "cancelled"
-	CodeInvalid        = "invalid_request"
-	CodeOutputMissing  = "output_missing"
-	CodeOutputLarge    = "output_too_large"
-)
-
-// Failure describes why an attempt or a job failed. Message is for people;
-// it never carries environment values.
-type Failure struct {
-	Class   FailureClass `json:"class"`
-	Code    string       `json:"code"`
-	Message string       `json:"message"`
-}
-
-// Error makes a Failure usable as an error, so executors can return one to
-// say how an attempt failed.
-func (f *Failure) Error() string {
-	return fmt.Sprintf("%s (%s): %s", f.Class, f.Code, f.Message)
-}
-
-// Failf builds a Failure.
-func Failf(class FailureClass, code, format string, args ...any) *Failure {
-	return &Failure{Class: class, Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 // Event is a lifecycle event (schema lifecycle-event.v1), published on

@@ -13,38 +13,18 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// CancelReply says what a cancel did.
-type CancelReply struct {
-	JobID string    `json:"job_id"`
-	State job.State `json:"state"`
-	// Cancelled is true when this call cancelled the job or asked its
-	// worker to stop it; false when there was nothing to cancel.
-	Cancelled bool   `json:"cancelled"`
-	Message   string `json:"message"`
-}
-
 // Cancel stops a job in whatever state it is. A queued job, or one waiting
 // for its next attempt, is finished here with a cancelled result and is
 // never started; a running job's worker is told to stop it. Cancelling a
 // finished job, or twice, changes nothing and says so.
-func (d *Dispatcher) Cancel(ctx context.Context, id string) (*CancelReply, error) {
-	if !job.ValidID(id) {
-		return nil, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id)
-	}
+func (d *Dispatcher) Cancel(ctx context.Context, id string) (*job.CancelReply, error) {
 	for {
-		rec, rev, err := d.store.Get(ctx, id)
+		s, rev, err := d.store.Status(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		if rec.State == job.StateRunning {
-			// It may have ended a moment ago: its result comes first.
-			res, err := queue.LastResult(ctx, d.js, d.names, id)
-			if err != nil {
-				return nil, err
-			}
-			queue.FinishFromResult(rec, res)
-		}
-		r := &CancelReply{JobID: id, State: rec.State}
+		rec := s.Job
+		r := &job.CancelReply{JobID: id, State: rec.State}
 		switch {
 		case rec.State.Final() || rec.State == job.StateRejected:
 			r.Message = fmt.Sprintf("nothing to cancel: the job already ended (%s)", rec.State)
@@ -110,35 +90,12 @@ func (d *Dispatcher) finishCancelled(ctx context.Context, rec *job.Record) error
 	return nil
 }
 
-// Status is a job's record and, once it has one, its result.
-type Status struct {
-	Job    *job.Record `json:"job"`
-	Result *job.Result `json:"result,omitempty"`
-}
-
 // Status returns what the fleet knows of a job.
-func (d *Dispatcher) Status(ctx context.Context, id string) (*Status, error) {
-	if !job.ValidID(id) {
-		return nil, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id)
-	}
-	rec, _, err := d.store.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	s := &Status{Job: rec}
-	if rec.State.Final() || rec.State == job.StateRunning {
-		// A worker publishes the result just before it records the end:
-		// the result, when there is one, is the truth.
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		res, err := queue.LastResult(ctx, d.js, d.names, id)
-		if err != nil {
-			return nil, err
-		}
-		s.Result = res
-		queue.FinishFromResult(rec, res)
-	}
-	return s, nil
+func (d *Dispatcher) Status(ctx context.Context, id string) (*job.StatusReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, _, err := d.store.Status(ctx, id)
+	return s, err
 }
 
 // onCancel serves cancel requests sent on <prefix>.cancel.<id>. Workers hear
@@ -161,10 +118,10 @@ func (d *Dispatcher) onCancel(m *nats.Msg) {
 		var data []byte
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
-			data, _ = json.Marshal(map[string]any{"error": err.Error(), "not_found": true})
+			data, _ = json.Marshal(&job.ErrorReply{Error: err.Error(), NotFound: true})
 		case err != nil:
 			d.log.Warn("cancel failed", "subject", m.Subject, "err", err)
-			data, _ = json.Marshal(map[string]any{"error": "cancel failed; try again"})
+			data, _ = json.Marshal(&job.ErrorReply{Error: "cancel failed; try again"})
 		default:
 			data, _ = json.Marshal(r)
 		}

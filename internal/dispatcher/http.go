@@ -87,10 +87,10 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		writeJSON(w, http.StatusRequestEntityTooLarge, &Reply{Error: fmt.Sprintf("request is over the limit of %d bytes", limit)})
+		writeJSON(w, http.StatusRequestEntityTooLarge, &job.SubmitReply{Error: fmt.Sprintf("request is over the limit of %d bytes", limit)})
 		return
 	case err != nil:
-		writeJSON(w, http.StatusBadRequest, &Reply{Error: "reading request: " + err.Error()})
+		writeJSON(w, http.StatusBadRequest, &job.SubmitReply{Error: "reading request: " + err.Error()})
 		return
 	}
 	reply, err := a.d.Submit(r.Context(), body)
@@ -100,7 +100,7 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		a.d.log.Warn("submission failed", "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, &Reply{Error: "the fleet cannot take the request now; try again"})
+		writeJSON(w, http.StatusServiceUnavailable, &job.SubmitReply{Error: "the fleet cannot take the request now; try again"})
 	case reply.Rejected():
 		writeJSON(w, http.StatusBadRequest, reply)
 	case reply.Duplicate:
@@ -130,11 +130,11 @@ func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) fail(w http.ResponseWriter, err error) {
 	if errors.Is(err, queue.ErrNotFound) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+		writeJSON(w, http.StatusNotFound, &job.ErrorReply{Error: err.Error(), NotFound: true})
 		return
 	}
 	a.d.log.Warn("request failed", "err", err)
-	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the fleet cannot answer now; try again"})
+	writeJSON(w, http.StatusServiceUnavailable, &job.ErrorReply{Error: "the fleet cannot answer now; try again"})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

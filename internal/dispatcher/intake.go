@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // intakeOne processes one message of the submit stream. The message is
@@ -121,7 +122,7 @@ func (r *replies) onRequest(m *nats.Msg) {
 }
 
 // answer sends the answer for a processed stored copy.
-func (r *replies) answer(k [32]byte, reply *Reply) {
+func (r *replies) answer(k [32]byte, reply *job.SubmitReply) {
 	data, err := json.Marshal(reply)
 	if err != nil {
 		return

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleet-dev/fleet/internal/natstest"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // The reply matcher pairs the core copy of a request with the answer for
@@ -37,13 +38,13 @@ func TestRepliesPairRequestsWithAnswers(t *testing.T) {
 	// Request first, then the answer.
 	s1, sub1 := inbox()
 	r.onRequest(&nats.Msg{Subject: "fleet.submit", Reply: s1, Data: body, Header: nats.Header{}})
-	r.answer(key, &Reply{JobID: "a"})
+	r.answer(key, &job.SubmitReply{JobID: "a"})
 	if got := next(sub1); !strings.Contains(got, `"job_id":"a"`) {
 		t.Errorf("answer %q", got)
 	}
 	// Answer first, then the request.
 	s2, sub2 := inbox()
-	r.answer(key, &Reply{JobID: "b"})
+	r.answer(key, &job.SubmitReply{JobID: "b"})
 	r.onRequest(&nats.Msg{Subject: "fleet.submit", Reply: s2, Data: body, Header: nats.Header{}})
 	if got := next(sub2); !strings.Contains(got, `"job_id":"b"`) {
 		t.Errorf("answer %q", got)
@@ -53,15 +54,15 @@ func TestRepliesPairRequestsWithAnswers(t *testing.T) {
 	s4, sub4 := inbox()
 	r.onRequest(&nats.Msg{Reply: s3, Data: body, Header: nats.Header{}})
 	r.onRequest(&nats.Msg{Reply: s4, Data: body, Header: nats.Header{}})
-	r.answer(key, &Reply{JobID: "c"})
-	r.answer(key, &Reply{JobID: "d"})
+	r.answer(key, &job.SubmitReply{JobID: "c"})
+	r.answer(key, &job.SubmitReply{JobID: "d"})
 	if a, b := next(sub3), next(sub4); !strings.Contains(a, `"c"`) || !strings.Contains(b, `"d"`) {
 		t.Errorf("answers %q and %q", a, b)
 	}
 	// A publish without a reply subject waits for nothing, and unmatched
 	// entries expire.
 	r.onRequest(&nats.Msg{Data: body, Header: nats.Header{}})
-	r.answer(key, &Reply{JobID: "e"})
+	r.answer(key, &job.SubmitReply{JobID: "e"})
 	r.mu.Lock()
 	expire(r.early, time.Now().Add(time.Second))
 	expire(r.waiting, time.Now().Add(time.Second))

@@ -20,24 +20,6 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// Reply is the answer to a submission, on NATS and over HTTP.
-type Reply struct {
-	JobID string    `json:"job_id,omitempty"`
-	State job.State `json:"state,omitempty"`
-	// Duplicate is set when a job with this id already exists; the request
-	// was not run again.
-	Duplicate bool   `json:"duplicate,omitempty"`
-	Warning   string `json:"warning,omitempty"`
-	Error     string `json:"error,omitempty"`
-	// Stream and Seq make the answer to a JetStream publish a valid
-	// publish acknowledgement, so js.Publish works as a producer too.
-	Stream string `json:"stream,omitempty"`
-	Seq    uint64 `json:"seq,omitempty"`
-}
-
-// Rejected reports whether the submission was refused.
-func (r *Reply) Rejected() bool { return r.Error != "" }
-
 // errTransient marks a failure of the fleet, not of the request: the
 // submission may succeed if tried again.
 type errTransient struct{ err error }
@@ -49,7 +31,7 @@ func (e errTransient) Unwrap() error { return e.err }
 // would go, and returns the answer of the dispatcher that processed it. A
 // rejection is a Reply with Error set; an error means the fleet could not
 // answer (NATS unavailable) and the caller may retry.
-func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
+func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*job.SubmitReply, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
@@ -62,7 +44,7 @@ func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}
-	var r Reply
+	var r job.SubmitReply
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
 		return nil, fmt.Errorf("submit: unreadable answer: %w", err)
 	}
@@ -71,7 +53,7 @@ func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*Reply, error) {
 
 // process validates one stored submission and, if it is acceptable and new,
 // records and publishes its job. seq is its sequence in the submit stream.
-func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*Reply, error) {
+func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*job.SubmitReply, error) {
 	start := time.Now()
 	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
@@ -95,7 +77,7 @@ func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*Rep
 // is the gate that runs an id once: a request whose id has a record is a
 // duplicate, unless the record is a rejection (replaced) or was created by
 // an earlier delivery of this same submission (which then finishes here).
-func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at time.Time) (*Reply, error) {
+func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at time.Time) (*job.SubmitReply, error) {
 	req, err := job.DecodeRequest(data, d.cfg.Limits)
 	if err == nil {
 		err = req.Validate(d.cfg.Limits)
@@ -136,7 +118,7 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		case seq != 0 && old.SubmitSeq == seq && old.State == job.StateQueued:
 			rec, rev, err = old, oldRev, nil // this submission, delivered again
 		default:
-			return &Reply{JobID: req.ID, State: old.State, Duplicate: true}, nil
+			return &job.SubmitReply{JobID: req.ID, State: old.State, Duplicate: true}, nil
 		}
 	}
 	if err != nil {
@@ -171,12 +153,12 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		}
 	}
 	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
-	return &Reply{JobID: req.ID, State: job.StateQueued, Warning: warning}, nil
+	return &job.SubmitReply{JobID: req.ID, State: job.StateQueued, Warning: warning}, nil
 }
 
 // reject answers a refused request. When the request names a usable id, a
 // rejected event and record say why to whoever watches that id.
-func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (*Reply, error) {
+func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (*job.SubmitReply, error) {
 	reason := cause.Error()
 	d.log.Debug("request rejected", "job_id", id, "reason", reason)
 	if id == "" {
@@ -198,7 +180,7 @@ func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (
 			_, _ = d.store.Update(ctx, rec, rev)
 		}
 	}
-	return &Reply{JobID: id, State: job.StateRejected, Error: reason}, nil
+	return &job.SubmitReply{JobID: id, State: job.StateRejected, Error: reason}, nil
 }
 
 func (d *Dispatcher) publishEvent(e *job.Event) (jetstream.PubAckFuture, error) {

@@ -44,13 +44,21 @@ func LastResult(ctx context.Context, js jetstream.JetStream, n Names, id string)
 	return r, nil
 }
 
-// FinishFromResult brings a record that still says running in line with
-// the job's result, when it has one: the record is written just after the
-// result, and a reader may come in between.
-func FinishFromResult(rec *job.Record, res *job.Result) {
-	if res == nil || rec.State.Final() {
-		return
+// Status reads a job's record and, when it may have one, its result, and
+// joins them (see job.NewStatusReply). It returns the record's revision.
+func (s *Store) Status(ctx context.Context, id string) (*job.StatusReply, uint64, error) {
+	if !job.ValidID(id) {
+		return nil, 0, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
-	rec.State, rec.Attempt, rec.Failure = job.State(res.Status), res.Attempts, res.Failure
-	rec.FinishedAt, rec.UpdatedAt = &res.FinishedAt, res.FinishedAt
+	rec, rev, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	var res *job.Result
+	if rec.NeedsResult() {
+		if res, err = LastResult(ctx, s.js, s.names, id); err != nil {
+			return nil, 0, err
+		}
+	}
+	return job.NewStatusReply(rec, res), rev, nil
 }

@@ -288,7 +288,7 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var reply dispatcher.Reply
+		var reply job.SubmitReply
 		err = json.NewDecoder(resp.Body).Decode(&reply)
 		resp.Body.Close()
 		if err != nil || reply.JobID == "" {

@@ -296,7 +296,7 @@ func (a *attempt) run(ctx context.Context) error {
 	if err != nil {
 		f, ok := err.(*job.Failure)
 		if !ok {
-			f = job.Failf(job.ClassInfrastructure, "executor_error", "%v", err)
+			f = job.Failf(job.ClassInfrastructure, job.CodeExecutorError, "%v", err)
 		}
 		out = &executor.Outcome{Status: executor.StatusOf(f), Failure: f, StartedAt: a.started}
 	}

@@ -121,7 +121,7 @@ func (d *Dir) Collect(names []string, l Limits) (map[string]string, *job.Failure
 			continue
 		}
 		if err != nil {
-			return out, job.Failf(job.ClassInfrastructure, "output_unreadable", "output %s: %v", name, err)
+			return out, job.Failf(job.ClassInfrastructure, job.CodeOutputUnreadable, "output %s: %v", name, err)
 		}
 		if !fi.Mode().IsRegular() {
 			return out, job.Failf(job.ClassExecution, job.CodeOutputMissing, "output %s is not a regular file", name)
@@ -135,7 +135,7 @@ func (d *Dir) Collect(names []string, l Limits) (map[string]string, *job.Failure
 			return out, job.Failf(job.ClassExecution, job.CodeOutputLarge, "output %s: %v", name, err)
 		}
 		if !utf8.Valid(data) {
-			return out, job.Failf(job.ClassExecution, "output_not_text", "output %s is not UTF-8 text", name)
+			return out, job.Failf(job.ClassExecution, job.CodeOutputNotText, "output %s is not UTF-8 text", name)
 		}
 		total += int64(len(data))
 		out[name] = string(data)

@@ -214,14 +214,6 @@ func (e *Executor) Validate(r *job.Request) error {
 	return nil
 }
 
-// Failure codes of the attempts the executor runs.
-const (
-	CodeStartFailed       = "start_failed"       // the command cannot be run (execution)
-	CodeOOMKilled         = "oom_killed"         // killed over its memory limit (oom)
-	CodeContainerVanished = "container_vanished" // removed by someone else (infrastructure)
-	CodeContainerLost     = "container_lost"     // the daemon lost it, or us (infrastructure)
-)
-
 // Run runs one attempt in a container. Before the container starts, an
 // image that is missing or cannot be pulled is returned as a ClassImage
 // failure, a daemon error as an error (infrastructure). Once it has
@@ -264,7 +256,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	endCreate(err)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) {
-			return nil, job.Failf(job.ClassImage, CodeImageNotPresent, "image %s is gone from the Docker host: %v", req.Image, err)
+			return nil, job.Failf(job.ClassImage, job.CodeImageNotPresent, "image %s is gone from the Docker host: %v", req.Image, err)
 		}
 		return nil, fmt.Errorf("create container %s: %w", name, err)
 	}
@@ -320,13 +312,13 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	case stopped != nil:
 		out.Status, out.Failure = executor.StatusOf(stopped), stopped
 	case cerrdefs.IsNotFound(x.err):
-		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerVanished,
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, job.CodeContainerVanished,
 			"container %s was removed while the attempt ran", name)
 	case x.err != nil:
-		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, CodeContainerLost,
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassInfrastructure, job.CodeContainerLost,
 			"lost track of container %s: %v", name, x.err)
 	case *out.ExitCode != 0 && oom:
-		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassOOM, CodeOOMKilled,
+		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassOOM, job.CodeOOMKilled,
 			"killed for exceeding its memory limit of %s (exit code %d)", req.Resources.Memory, *out.ExitCode)
 	case *out.ExitCode != 0:
 		out.Status, out.Failure = job.StatusFailed, job.Failf(job.ClassExecution, job.CodeExitCode, "%s", exitMessage(*out.ExitCode))
@@ -369,7 +361,7 @@ func (e *Executor) startFailed(ctx context.Context, id, name string, err error) 
 	}
 	now := time.Now()
 	out := &executor.Outcome{Status: job.StatusFailed, StartedAt: now, FinishedAt: now,
-		Failure: job.Failf(job.ClassExecution, CodeStartFailed, "cannot start the container: %v", err)}
+		Failure: job.Failf(job.ClassExecution, job.CodeStartFailed, "cannot start the container: %v", err)}
 	if c, err := e.api.ContainerInspect(ctx, id); err == nil && c.State != nil && c.State.ExitCode != 0 {
 		code := c.State.ExitCode
 		out.ExitCode = &code

@@ -230,7 +230,7 @@ func TestACommandThatCannotStartFails(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	out := b.run(t, b.task("no-such-cmd", &job.Request{Command: []string{"/no/such/program"}}))
-	if out.Status != job.StatusFailed || out.Failure == nil || out.Failure.Class != job.ClassExecution || out.Failure.Code != CodeStartFailed {
+	if out.Status != job.StatusFailed || out.Failure == nil || out.Failure.Class != job.ClassExecution || out.Failure.Code != job.CodeStartFailed {
 		t.Fatalf("status %s, failure %+v", out.Status, out.Failure)
 	}
 	if out.ExitCode == nil || *out.ExitCode != 127 || !strings.Contains(out.Failure.Message, "/no/such/program") {
@@ -319,7 +319,7 @@ func TestOverTheMemoryLimitIsOOM(t *testing.T) {
 		Command:   []string{"/testprog", "sleep", "300ms", "alloc", "268435456", "sleep", "10s"},
 		Resources: &job.Resources{Memory: "16Mi"},
 	}))
-	if out.Status != job.StatusFailed || out.Failure == nil || out.Failure.Class != job.ClassOOM || out.Failure.Code != CodeOOMKilled {
+	if out.Status != job.StatusFailed || out.Failure == nil || out.Failure.Class != job.ClassOOM || out.Failure.Code != job.CodeOOMKilled {
 		t.Fatalf("status %s, exit %v, failure %+v, stderr %q", out.Status, out.ExitCode, out.Failure, out.Stderr)
 	}
 	if !strings.Contains(out.Failure.Message, "memory limit of 16Mi") || out.ExitCode == nil || *out.ExitCode != 137 {
@@ -337,12 +337,12 @@ func TestImageFailures(t *testing.T) {
 		code        string
 		message     []string
 	}{
-		{"missing under never", "fleet-test/absent:1", job.PullNever, CodeImageNotPresent,
+		{"missing under never", "fleet-test/absent:1", job.PullNever, job.CodeImageNotPresent,
 			[]string{"image fleet-test/absent:1 is not on the Docker host, and pull_policy is never"}},
 		// Nothing listens on port 1: the pull fails at once.
-		{"pull fails", "127.0.0.1:1/fleet/absent:1", job.PullIfNotPresent, CodeImagePull,
+		{"pull fails", "127.0.0.1:1/fleet/absent:1", job.PullIfNotPresent, job.CodeImagePull,
 			[]string{"cannot pull image 127.0.0.1:1/fleet/absent:1: ", "connection refused"}},
-		{"pull always fails", "127.0.0.1:1/fleet/absent:1", job.PullAlways, CodeImagePull,
+		{"pull always fails", "127.0.0.1:1/fleet/absent:1", job.PullAlways, job.CodeImagePull,
 			[]string{"cannot pull image 127.0.0.1:1/fleet/absent:1: "}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -445,7 +445,7 @@ func TestAContainerRemovedUnderneathIsAnInfrastructureFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out.Status != job.StatusFailed || out.Failure == nil || out.Failure.Class != job.ClassInfrastructure ||
-		out.Failure.Code != CodeContainerVanished {
+		out.Failure.Code != job.CodeContainerVanished {
 		t.Errorf("status %s, failure %+v", out.Status, out.Failure)
 	}
 	b.noneLeft(t)

@@ -16,12 +16,6 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// Failure codes of the image class.
-const (
-	CodeImageNotPresent = "image_not_present"
-	CodeImagePull       = "image_pull_failed"
-)
-
 // image makes sure ref is on the Docker host as policy says, and returns
 // its description. if_not_present pulls only an image the host does not
 // have, so an image built on the host is never pulled; always pulls every
@@ -35,7 +29,7 @@ func (e *Executor) image(ctx context.Context, ref string, policy job.PullPolicy,
 		case !cerrdefs.IsNotFound(err):
 			return img, fmt.Errorf("inspect image %s: %w", ref, err)
 		case policy == job.PullNever:
-			return img, job.Failf(job.ClassImage, CodeImageNotPresent,
+			return img, job.Failf(job.ClassImage, job.CodeImageNotPresent,
 				"image %s is not on the Docker host, and pull_policy is never", ref)
 		}
 	}
@@ -69,7 +63,7 @@ func (e *Executor) pullImage(ctx context.Context, ref string) error {
 	case client.IsErrConnectionFailed(err):
 		return fmt.Errorf("pull image %s: %w", ref, err)
 	}
-	return job.Failf(job.ClassImage, CodeImagePull, "cannot pull image %s: %v", ref, err)
+	return job.Failf(job.ClassImage, job.CodeImagePull, "cannot pull image %s: %v", ref, err)
 }
 
 // puller pulls each image once at a time: an attempt that needs an image

@@ -199,7 +199,7 @@ func (a *attempt) wait(ctx context.Context) *verdict {
 		case <-wake:
 		case <-overdue.C:
 			v := &verdict{status: job.StatusTimedOut, phase: "Failed", reason: "DeadlineExceeded",
-				failure: job.Failf(job.ClassTimeout, CodeJobOverdue, "ran longer than its timeout of %s, and Kubernetes had not stopped it %s later", timeout, a.e.cfg.DeadlineSlack)}
+				failure: job.Failf(job.ClassTimeout, job.CodeJobOverdue, "ran longer than its timeout of %s, and Kubernetes had not stopped it %s later", timeout, a.e.cfg.DeadlineSlack)}
 			a.stop(ctx, v)
 			return v
 		case <-ctx.Done():
@@ -219,7 +219,7 @@ func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration)
 	if a.w.jobGone.Load() {
 		// Someone else's doing; its pod may still be stopping.
 		return &verdict{status: job.StatusFailed, phase: "Failed", reason: "Deleted", stop: true,
-			failure: job.Failf(job.ClassInfrastructure, CodeJobDeleted, "Job %s/%s was deleted while it ran", a.e.cfg.Namespace, a.name)}, 0
+			failure: job.Failf(job.ClassInfrastructure, job.CodeJobDeleted, "Job %s/%s was deleted while it ran", a.e.cfg.Namespace, a.name)}, 0
 	}
 	j, err := a.e.jobs.Get(a.name)
 	if err != nil {
@@ -230,7 +230,7 @@ func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration)
 	}
 	timeout := a.req.Timeout.Std()
 	v = judge(j, a.pod, timeout)
-	if v != nil && v.failure != nil && v.failure.Code == CodePodFailed {
+	if v != nil && v.failure != nil && v.failure.Code == job.CodePodFailed {
 		// The Job says its pod failed, but the pod in the cache does not
 		// say how yet: the two come through separate watches. Ask.
 		if pod := a.freshPod(ctx); pod != nil {

@@ -10,19 +10,6 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// Failure codes of this executor, besides the fleet's own.
-const (
-	CodeOOMKilled     = "oom_killed"    // the container exceeded its memory limit
-	CodeImagePull     = "image_pull"    // the image could not be pulled
-	CodeUnschedulable = "unschedulable" // no node could take the pod
-	CodePodStuck      = "pod_stuck"     // the container could not be created
-	CodeEvicted       = "evicted"       // evicted or preempted
-	CodeNodeLost      = "node_lost"     // its node went away
-	CodePodFailed     = "pod_failed"    // the pod failed without an exit code
-	CodeJobDeleted    = "job_deleted"   // someone else deleted the Job
-	CodeJobOverdue    = "job_overdue"   // the Job outlived its deadline; the worker deleted it
-)
-
 // verdict is how an attempt ended.
 type verdict struct {
 	status   job.Status
@@ -68,7 +55,7 @@ func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
 		return v
 	}
 	return &verdict{status: job.StatusFailed, phase: "Failed", reason: c.Reason,
-		failure: job.Failf(job.ClassInfrastructure, CodePodFailed, "the Job failed: %s: %s", c.Reason, c.Message)}
+		failure: job.Failf(job.ClassInfrastructure, job.CodePodFailed, "the Job failed: %s: %s", c.Reason, c.Message)}
 }
 
 // podFailure explains a failed pod: out of memory, disrupted (evicted,
@@ -89,25 +76,25 @@ func podFailure(pod *corev1.Pod) *verdict {
 		exitCode = &code
 	}
 	if term != nil && term.Reason == "OOMKilled" {
-		return failed(job.ClassOOM, CodeOOMKilled, term.Reason, exitCode,
+		return failed(job.ClassOOM, job.CodeOOMKilled, term.Reason, exitCode,
 			"killed for exceeding its memory limit of %s (OOMKilled)", memoryLimit(pod))
 	}
 	if c := podCondition(pod, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
-		code := CodeEvicted
+		code := job.CodeEvicted
 		if c.Reason == "DeletionByTaintManager" || c.Reason == "DeletionByPodGC" {
-			code = CodeNodeLost // its node became unreachable or was removed
+			code = job.CodeNodeLost // its node became unreachable or was removed
 		}
 		return failed(job.ClassInfrastructure, code, c.Reason, exitCode, "pod %s was disrupted: %s: %s", pod.Name, c.Reason, c.Message)
 	}
 	switch pod.Status.Reason {
 	case "":
 	case "Evicted":
-		return failed(job.ClassInfrastructure, CodeEvicted, pod.Status.Reason, exitCode, "pod %s was evicted: %s", pod.Name, pod.Status.Message)
+		return failed(job.ClassInfrastructure, job.CodeEvicted, pod.Status.Reason, exitCode, "pod %s was evicted: %s", pod.Name, pod.Status.Message)
 	case "NodeLost":
-		return failed(job.ClassInfrastructure, CodeNodeLost, pod.Status.Reason, exitCode, "pod %s lost its node: %s", pod.Name, pod.Status.Message)
+		return failed(job.ClassInfrastructure, job.CodeNodeLost, pod.Status.Reason, exitCode, "pod %s lost its node: %s", pod.Name, pod.Status.Message)
 	default:
 		if term == nil {
-			return failed(job.ClassInfrastructure, CodePodFailed, pod.Status.Reason, nil, "pod %s failed: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+			return failed(job.ClassInfrastructure, job.CodePodFailed, pod.Status.Reason, nil, "pod %s failed: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
 		}
 	}
 	if term != nil && term.ExitCode != 0 {
@@ -195,11 +182,11 @@ func stuckVerdict(p progress, waited time.Duration) *verdict {
 	}
 	switch {
 	case p.stuck == stuckImage:
-		v.failure = job.Failf(job.ClassImage, CodeImagePull, "the image could not be pulled%s: %s: %s", waitedFor, p.reason, p.message)
+		v.failure = job.Failf(job.ClassImage, job.CodeImagePull, "the image could not be pulled%s: %s: %s", waitedFor, p.reason, p.message)
 	case p.reason == corev1.PodReasonUnschedulable:
-		v.failure = job.Failf(job.ClassInfrastructure, CodeUnschedulable, "the pod could not be scheduled%s: %s", waitedFor, p.message)
+		v.failure = job.Failf(job.ClassInfrastructure, job.CodeUnschedulable, "the pod could not be scheduled%s: %s", waitedFor, p.message)
 	default:
-		v.failure = job.Failf(job.ClassInfrastructure, CodePodStuck, "the container could not be created%s: %s: %s", waitedFor, p.reason, p.message)
+		v.failure = job.Failf(job.ClassInfrastructure, job.CodePodStuck, "the container could not be created%s: %s: %s", waitedFor, p.reason, p.message)
 	}
 	return v
 }

@@ -122,7 +122,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 		endRun(err)
 		copied.abort()
 		return &executor.Outcome{Status: job.StatusFailed, StartedAt: started, FinishedAt: time.Now(),
-			Failure: job.Failf(job.ClassExecution, "start_failed", "cannot start %s: %v", req.Command[0], unwrapExec(err))}, nil
+			Failure: job.Failf(job.ClassExecution, job.CodeStartFailed, "cannot start %s: %v", req.Command[0], unwrapExec(err))}, nil
 	}
 	copied.started()
 	pgid := cmd.Process.Pid
