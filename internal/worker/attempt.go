@@ -24,29 +24,36 @@ import (
 
 // attempt is one delivery of a job message to this worker, from the moment
 // it arrives until it is acknowledged, handed back or scheduled again.
+// What happens to it is decided by decide; settle carries it out, and is
+// the one place that acknowledges, naks or terminates the message.
 type attempt struct {
-	w    *Worker
-	msg  jetstream.Msg
-	log  *slog.Logger
-	id   string
-	n    int // the attempt number, from 1
-	req  *job.Request
-	rec  *job.Record // the record as last written
-	rev  uint64      // and its revision
-	sub  time.Time   // submission time
-	span trace.Span
+	w         *Worker
+	msg       jetstream.Msg
+	log       *slog.Logger
+	id        string
+	n         int // the attempt number, from 1
+	delivered int // deliveries of the message, this one included
+	req       *job.Request
+	rec       *job.Record // the record as last written
+	rev       uint64      // and its revision
+	sub       time.Time   // submission time
+	span      trace.Span
+	traceID   string // from the job message
 
-	ctx    context.Context
+	ctx    context.Context // the attempt's own: cancelled to stop it
 	cancel context.CancelCauseFunc
 
 	started time.Time
-	first   bool   // this is the job's first attempt to start
-	traceID string // from the job message
+	first   bool // this is the job's first attempt to start
 
 	logMu sync.Mutex
 	logs  int
 	hbSeq int
 }
+
+// laterDelay is how long a job waits when the fleet could not read or
+// write its record.
+const laterDelay = 2 * time.Second
 
 // handle runs one delivery. It never returns before the message is
 // acknowledged, handed back, scheduled again, or left for redelivery.
@@ -66,6 +73,7 @@ func (a *attempt) handle() error {
 	if err != nil {
 		return fmt.Errorf("message metadata: %w", err)
 	}
+	a.delivered = int(meta.NumDelivered)
 	// The dispatcher bounded the request's size at intake; its re-encoding
 	// may be larger (JSON escapes), and is not held against it.
 	lim := w.cfg.Limits
@@ -78,7 +86,7 @@ func (a *attempt) handle() error {
 		err = errors.New("invalid request: id is missing")
 	}
 	if err != nil {
-		return a.refuseMalformed(err)
+		return a.settle(context.Background(), action{verb: doRefuse, why: err.Error()})
 	}
 	req.Normalize()
 	a.req, a.id = req, req.ID
@@ -89,16 +97,12 @@ func (a *attempt) handle() error {
 	// dispatcher wrote the record then reaches this attempt.
 	a.ctx, a.cancel = context.WithCancelCause(w.runCtx)
 	defer a.cancel(nil)
-	w.mu.Lock()
-	if other := w.running[a.id]; other != nil {
-		w.mu.Unlock()
+	if !w.register(a) {
 		// Redelivered while still running here (progress acks were lost):
-		// the running attempt's ack settles it.
+		// the running attempt settles the message.
 		a.log.Warn("job redelivered while running on this worker; ignoring the copy")
 		return nil
 	}
-	w.running[a.id] = a
-	w.mu.Unlock()
 	defer w.unregister(a)
 
 	ctx := telemetry.Propagator.Extract(context.Background(), queue.HeaderCarrier(a.msg.Headers()))
@@ -107,13 +111,14 @@ func (a *attempt) handle() error {
 	// the revision the message names: the worker's first write is a
 	// compare-and-set against it, and no read is needed. Otherwise, read it.
 	rev, _ := strconv.ParseUint(a.msg.Headers().Get(queue.HeaderRecordRev), 10, 64)
-	if meta.NumDelivered == 1 && rev > 0 {
+	if a.delivered == 1 && rev > 0 {
 		a.rec, a.rev = a.newRecord(), rev
 	} else if err := a.refresh(ctx); err != nil {
-		_ = a.msg.NakWithDelay(2 * time.Second)
+		_ = a.settle(ctx, action{verb: doLater})
 		return err
 	}
-	a.n = max(1, int(meta.NumDelivered)-a.rec.Handbacks)
+	s := a.situation()
+	a.n = s.attemptOf()
 	a.log = a.log.With("attempt", a.n)
 	if a.traceID != "" {
 		a.log = a.log.With("trace_id", a.traceID)
@@ -125,14 +130,39 @@ func (a *attempt) handle() error {
 	defer a.span.End()
 	a.ctx = trace.ContextWithSpan(a.ctx, a.span)
 
-	if w.Draining() {
-		// Arrived on a fetch that was open when the worker began to stop.
-		return a.handBack(ctx, "worker "+w.cfg.ID+" is shutting down")
-	}
-	if done, err := a.checkBeforeRun(ctx); done || err != nil {
+	act, err := a.decide(ctx, s)
+	if err != nil {
+		_ = a.settle(ctx, action{verb: doLater})
 		return err
 	}
-	return a.run(ctx)
+	if act.verb != doRun {
+		return a.settle(ctx, act)
+	}
+	return a.run(ctx, act)
+}
+
+// situation gathers what the worker knows now, for decide.
+func (a *attempt) situation() *situation {
+	return &situation{rec: a.rec, req: a.req, submitted: a.sub, now: time.Now(), delivered: a.delivered,
+		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry}
+}
+
+// decide completes s with what it needs from outside (the stored result,
+// the executor's judgement of the request), then decides.
+func (a *attempt) decide(ctx context.Context, s *situation) (action, error) {
+	if s.needsResult() {
+		res, err := a.existingResult(ctx)
+		if err != nil {
+			return action{}, err
+		}
+		s.result = res
+	}
+	if v, ok := a.w.exec.(executor.Validator); ok && s.outcome == nil {
+		if err := v.Validate(a.req); err != nil {
+			s.refused = fmt.Errorf("%s executor cannot run it: %w", a.w.cfg.Backend, err)
+		}
+	}
+	return decide(s), nil
 }
 
 // refresh reads the job's record; a job the dispatcher has not recorded
@@ -150,80 +180,9 @@ func (a *attempt) refresh(ctx context.Context) error {
 	return nil
 }
 
-// checkBeforeRun settles deliveries that must not run: jobs already
-// finished or cancelled, out of time, or whose previous attempt was lost.
-func (a *attempt) checkBeforeRun(ctx context.Context) (done bool, err error) {
-	rec, req, now := a.rec, a.req, time.Now()
-	switch {
-	case rec.State.Final():
-		// Finished by an earlier delivery that did not get to acknowledge.
-		return true, a.msg.Ack()
-	case rec.CancelRequested:
-		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusCancelled,
-			Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled before attempt %d started", a.n)}, a.n-1)
-	case req.Deadline != nil && now.After(a.sub.Add(req.Deadline.Std())):
-		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusTimedOut,
-			Failure: job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed before attempt %d", req.Deadline, a.n)}, a.n-1)
-	case req.QueueTimeout != nil && rec.StartedAt == nil && now.After(a.sub.Add(req.QueueTimeout.Std())):
-		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusTimedOut,
-			Failure: job.Failf(job.ClassTimeout, job.CodeQueueTimeout, "queued longer than queue_timeout %s", req.QueueTimeout)}, 0)
-	}
-
-	// Deliveries between the last recorded attempt and this one were lost
-	// with their worker: a running attempt that stopped without a word, and
-	// any delivery that died before it started. Each costs an attempt, and
-	// the history says so, so that attempts always add up.
-	first := rec.Attempt + 1
-	if rec.State == job.StateRunning {
-		first = rec.Attempt
-	}
-	if first >= 1 && first < a.n {
-		// Unless it got as far as publishing the result.
-		if res, err := a.existingResult(ctx); err == nil && res != nil {
-			return true, a.conclude(ctx, res)
-		}
-		for k := first; k < a.n; k++ {
-			lost := job.Attempt{Attempt: k, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
-				"attempt %d was delivered to a worker that stopped before it started", k)}
-			if k == rec.Attempt && rec.State == job.StateRunning {
-				lost.WorkerID, lost.StartedAt = rec.WorkerID, rec.StartedAt
-				lost.Failure.Message = fmt.Sprintf("worker %s stopped responding during attempt %d", rec.WorkerID, k)
-			}
-			a.rec.History = append(a.rec.History, lost)
-			a.rec.Failure = lost.Failure
-		}
-		last := a.n - 1
-		if !req.Retry.Retries(job.ClassInfrastructure, nil) || last >= req.Retry.MaxAttempts {
-			return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed, Failure: a.rec.Failure}, last)
-		}
-		a.event(job.EventRetryScheduled, func(e *job.Event) {
-			e.Attempt = last
-			e.WorkerID = rec.WorkerID
-			e.Failure = a.rec.Failure
-			e.NextAttemptAt = &now
-			zero := job.Duration(0)
-			e.Delay = &zero
-			e.Message = fmt.Sprintf("%s; attempt %d starts now", a.rec.Failure.Message, a.n)
-		})
-	}
-	if a.n > req.Retry.MaxAttempts {
-		f := a.rec.Failure
-		if f == nil {
-			f = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "delivered %d times without finishing", a.n-1)
-		}
-		return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed, Failure: f}, a.n-1)
-	}
-	if v, ok := a.w.exec.(executor.Validator); ok {
-		if err := v.Validate(req); err != nil {
-			return true, a.finish(ctx, &executor.Outcome{Status: job.StatusFailed,
-				Failure: job.Failf(job.ClassRejected, job.CodeInvalid, "%s executor cannot run it: %v", a.w.cfg.Backend, err)}, a.n)
-		}
-	}
-	return false, nil
-}
-
-// run reserves capacity, runs the attempt and settles its outcome.
-func (a *attempt) run(ctx context.Context) error {
+// run reserves capacity, records the attempt as running, runs it and
+// settles its outcome.
+func (a *attempt) run(ctx context.Context, act action) error {
 	w, req := a.w, a.req
 	if a.rec.MemoryOverride != "" {
 		req.Resources.Memory = a.rec.MemoryOverride
@@ -249,26 +208,30 @@ func (a *attempt) run(ctx context.Context) error {
 
 	// Record the attempt as running before it starts: the compare-and-set
 	// fails if the record changed since it was read (a cancel, a deadline
-	// the dispatcher enforced), and then the checks run again.
+	// the dispatcher enforced), and then the decision is made again.
 	for {
-		err := a.begin(ctx)
+		err := a.begin(ctx, act)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, queue.ErrConflict) {
-			_ = a.msg.NakWithDelay(2 * time.Second)
+			_ = a.settle(ctx, action{verb: doLater})
 			return err
 		}
 		if err := a.refresh(ctx); err != nil {
-			_ = a.msg.NakWithDelay(2 * time.Second)
+			_ = a.settle(ctx, action{verb: doLater})
 			return err
 		}
-		if done, err := a.checkBeforeRun(ctx); done || err != nil {
+		if act, err = a.decide(ctx, a.situation()); err != nil {
+			_ = a.settle(ctx, action{verb: doLater})
 			return err
+		}
+		if act.verb != doRun {
+			return a.settle(ctx, act)
 		}
 	}
 	if err := reserved(); errors.Is(err, ErrNoCapacity) {
-		return a.handBack(ctx, "not enough capacity on this worker")
+		return a.settle(ctx, action{verb: doHandBack, attempt: a.n, why: "not enough capacity on this worker"})
 	} else if err != nil {
 		a.log.Warn("capacity reservation failed; running on local accounting", "err", err)
 	}
@@ -290,15 +253,12 @@ func (a *attempt) run(ctx context.Context) error {
 	out, err := w.exec.Run(a.ctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
 	stopProgress()
 
-	if errors.Is(context.Cause(a.ctx), executor.ErrHandBack) && (out == nil || out.Status != job.StatusSucceeded) {
-		return a.handBack(ctx, "worker "+w.cfg.ID+" is shutting down")
-	}
 	if err != nil {
 		f, ok := err.(*job.Failure)
 		if !ok {
 			f = job.Failf(job.ClassInfrastructure, job.CodeExecutorError, "%v", err)
 		}
-		out = &executor.Outcome{Status: executor.StatusOf(f), Failure: f, StartedAt: a.started}
+		out = &executor.Outcome{Status: executor.StatusOf(f), Failure: f}
 	}
 	if out.StartedAt.IsZero() {
 		out.StartedAt = a.started
@@ -306,24 +266,22 @@ func (a *attempt) run(ctx context.Context) error {
 	if out.FinishedAt.IsZero() {
 		out.FinishedAt = time.Now()
 	}
-	if deadlineBound && out.Status == job.StatusTimedOut {
-		out.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed during attempt %d", req.Deadline, a.n)
-	}
-	w.m.duration.Record(ctx, out.FinishedAt.Sub(out.StartedAt).Seconds(),
-		w.m.byStatus(out.Status))
+	w.m.duration.Record(ctx, out.FinishedAt.Sub(out.StartedAt).Seconds(), w.m.byStatus(out.Status))
 
-	if out.Status == job.StatusFailed || out.Status == job.StatusTimedOut {
-		if delay, memory, ok := a.retryPlan(out); ok {
-			return a.retry(ctx, out, delay, memory)
-		}
-	}
-	return a.finish(ctx, out, a.n)
+	s := a.situation()
+	s.outcome, s.deadlineBound = out, deadlineBound
+	s.handedBack = errors.Is(context.Cause(a.ctx), executor.ErrHandBack)
+	return a.settle(ctx, decide(s))
 }
 
 // begin writes the record of a starting attempt.
-func (a *attempt) begin(ctx context.Context) error {
+func (a *attempt) begin(ctx context.Context, act action) error {
 	a.started = time.Now()
 	rec := a.rec
+	rec.History = append(rec.History, act.lost...)
+	if n := len(act.lost); n > 0 {
+		rec.Failure = act.lost[n-1].Failure
+	}
 	a.first = rec.StartedAt == nil
 	rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, a.n, a.w.cfg.ID, a.w.cfg.Backend
 	rec.NextAttemptAt, rec.UpdatedAt = nil, a.started
@@ -331,60 +289,90 @@ func (a *attempt) begin(ctx context.Context) error {
 		rec.StartedAt = &a.started
 	}
 	f, err := a.w.store.UpdateAsync(rec, a.rev)
+	if err == nil {
+		var rev uint64
+		if rev, err = a.w.store.Wait(ctx, f); err == nil {
+			a.rev = rev
+		}
+	}
 	if err != nil {
+		// The write did not happen: the record stays as read, for the next
+		// decision.
+		rec.History = rec.History[:len(rec.History)-len(act.lost)]
 		return err
 	}
-	rev, err := a.w.store.Wait(ctx, f)
-	if err != nil {
-		return err
+	if act.restart {
+		// Tell watchers why the attempt they saw never ended, now that it
+		// is recorded.
+		now := time.Now()
+		zero := job.Duration(0)
+		a.event(job.EventRetryScheduled, func(e *job.Event) {
+			e.Attempt, e.WorkerID, e.Failure = a.n-1, act.lost[len(act.lost)-1].WorkerID, rec.Failure
+			e.NextAttemptAt, e.Delay = &now, &zero
+			e.Message = fmt.Sprintf("%s; attempt %d starts now", rec.Failure.Message, a.n)
+		})
 	}
-	a.rev = rev
 	return nil
 }
 
-// retryPlan decides whether a failed attempt is tried again, after what
-// delay, and with how much memory.
-func (a *attempt) retryPlan(out *executor.Outcome) (time.Duration, string, bool) {
-	p, f := a.req.Retry, out.Failure
-	if f == nil || a.n >= p.MaxAttempts {
-		return 0, "", false
-	}
-	memory := ""
-	retries := p.Retries(f.Class, out.ExitCode)
-	if f.Class == job.ClassOOM && p.OOMMemoryMultiplier > 1 {
-		// Asking for more memory makes an oom failure worth retrying.
-		cur, limit := a.req.Resources.MemoryBytes(), mustMemory(p.MaxMemory)
-		next := min(int64(float64(cur)*p.OOMMemoryMultiplier), limit)
-		if next > cur {
-			memory, retries = job.FormatMemory(roundUpMi(next)), true
+// settle carries out an action: the record, events, result and dead letter
+// it calls for, then exactly one of Ack, Nak, NakWithDelay or Term. When a
+// write fails for good (the worker is stopped hard), the message is left
+// to come back after the ack wait.
+func (a *attempt) settle(ctx context.Context, act action) error {
+	switch act.verb {
+	case doLater:
+		return a.msg.NakWithDelay(laterDelay)
+	case doRefuse:
+		return a.refuse(act.why)
+	case doAck:
+		return a.msg.Ack()
+	case doHandBack:
+		if err := a.handBack(ctx, act.why); err != nil {
+			return err
 		}
+		return a.msg.Nak()
+	case doRetry:
+		if err := a.retry(ctx, act); err != nil {
+			return err
+		}
+		return a.msg.NakWithDelay(act.delay)
+	case doFinish, doConclude:
+		res := act.result
+		if act.verb == doFinish {
+			a.rec.History = append(a.rec.History, act.lost...)
+			stored, err := a.publishResult(ctx, a.resultOf(act.outcome, act.attempts))
+			if err != nil {
+				return err
+			}
+			res = stored
+		}
+		dead, err := a.conclude(ctx, res)
+		if err != nil {
+			return err
+		}
+		if dead {
+			return a.msg.TermWithReason("dead-lettered: " + string(res.Failure.Class))
+		}
+		return a.msg.Ack()
 	}
-	if !retries {
-		return 0, "", false
-	}
-	delay := a.w.cfg.Retry(p, a.n)
-	if d := a.req.Deadline; d != nil && time.Now().Add(delay).After(a.sub.Add(d.Std())) {
-		out.Status = job.StatusTimedOut
-		out.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline, "attempt %d failed (%s: %s) and attempt %d could not start before the job's deadline of %s",
-			a.n, f.Class, f.Message, a.n+1, d)
-		return 0, "", false
-	}
-	return delay, memory, true
+	return fmt.Errorf("no way to settle %s", act.verb)
 }
 
-func (a *attempt) retry(ctx context.Context, out *executor.Outcome, delay time.Duration, memory string) error {
-	w := a.w
-	next := time.Now().Add(delay)
+// retry records a failed attempt and announces the next one.
+func (a *attempt) retry(ctx context.Context, act action) error {
+	w, out := a.w, act.outcome
+	next := time.Now().Add(act.delay)
 	rec := a.rec
 	rec.History = append(rec.History, attemptSummary(a.n, w.cfg.ID, out))
 	rec.State, rec.Failure, rec.NextAttemptAt, rec.UpdatedAt = job.StateRetrying, out.Failure, &next, time.Now()
 	msg := fmt.Sprintf("attempt %d of %d failed (%s): %s; attempt %d in %s",
-		a.n, a.req.Retry.MaxAttempts, out.Failure.Class, out.Failure.Message, a.n+1, delay.Round(time.Millisecond))
-	if memory != "" {
-		rec.MemoryOverride = memory
-		msg += fmt.Sprintf(" with memory raised from %s to %s", a.req.Resources.Memory, memory)
+		a.n, a.req.Retry.MaxAttempts, out.Failure.Class, out.Failure.Message, a.n+1, act.delay.Round(time.Millisecond))
+	if act.memory != "" {
+		rec.MemoryOverride = act.memory
+		msg += fmt.Sprintf(" with memory raised from %s to %s", a.req.Resources.Memory, act.memory)
 	}
-	d := job.Duration(delay)
+	d := job.Duration(act.delay)
 	f := a.event(job.EventRetryScheduled, func(e *job.Event) {
 		e.ExitCode, e.Failure, e.NextAttemptAt, e.Delay, e.Message = out.ExitCode, out.Failure, &next, &d, msg
 	})
@@ -392,14 +380,12 @@ func (a *attempt) retry(ctx context.Context, out *executor.Outcome, delay time.D
 		return err
 	}
 	w.m.retries.Add(ctx, 1, w.m.byClass(out.Failure.Class))
-	a.log.Info("attempt failed; retry scheduled", "class", out.Failure.Class, "delay", delay)
-	return a.msg.NakWithDelay(delay)
+	a.log.Info("attempt failed; retry scheduled", "class", out.Failure.Class, "delay", act.delay)
+	return nil
 }
 
-// finish ends the job: one result, its final event and record, a dead
-// letter when it failed, then the message is acknowledged or terminated.
-// attempts is the number of attempts the job had.
-func (a *attempt) finish(ctx context.Context, out *executor.Outcome, attempts int) error {
+// resultOf builds the job's result from the outcome of its last attempt.
+func (a *attempt) resultOf(out *executor.Outcome, attempts int) *job.Result {
 	w, rec := a.w, a.rec
 	if out.FinishedAt.IsZero() {
 		out.FinishedAt = time.Now()
@@ -417,41 +403,14 @@ func (a *attempt) finish(ctx context.Context, out *executor.Outcome, attempts in
 	if res.TraceID == "" {
 		res.TraceID = rec.TraceID
 	}
-	stored, err := a.publishResult(ctx, res)
-	if err != nil {
-		return err
-	}
-	return a.conclude(ctx, stored)
+	return res
 }
 
-// publishResult publishes the job's one result and returns the result that
-// stands: this one, or the one an earlier delivery published first.
-func (a *attempt) publishResult(ctx context.Context, res *job.Result) (*job.Result, error) {
-	m, err := a.w.names.ResultMsg(res)
-	if err != nil {
-		return nil, err
-	}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		ack, err := a.w.js.PublishMsg(ctx, m)
-		if err == nil && !ack.Duplicate {
-			return res, nil
-		}
-		if queue.IsResultExists(err) || err == nil {
-			if existing, gerr := a.existingResult(ctx); gerr == nil && existing != nil {
-				return existing, nil
-			}
-		}
-		if err := a.keepWaiting(wait, "publish result", err); err != nil {
-			return nil, err
-		}
-	}
-}
-
-// conclude announces a stored result: the final event, a dead letter when
-// the job failed, the final record; then it settles the message. Every
-// step is idempotent, so a delivery that finds a result published by an
-// earlier one concludes it the same way.
-func (a *attempt) conclude(ctx context.Context, res *job.Result) error {
+// conclude announces a stored result: a dead letter when the job failed,
+// the final event and the final record. Every step is idempotent, so a
+// delivery that finds a result published by an earlier one concludes it
+// the same way. It reports whether the job was dead-lettered.
+func (a *attempt) conclude(ctx context.Context, res *job.Result) (dead bool, err error) {
 	w, rec := a.w, a.rec
 	now := time.Now()
 	rec.State, rec.Attempt, rec.Failure, rec.UpdatedAt, rec.NextAttemptAt = job.State(res.Status), res.Attempts, res.Failure, now, nil
@@ -459,7 +418,7 @@ func (a *attempt) conclude(ctx context.Context, res *job.Result) error {
 	// The final event is always a job's last, so that watchers can stop
 	// there: the dead letter is announced before it.
 	var futures []jetstream.PubAckFuture
-	dead := res.Status == job.StatusFailed || res.Status == job.StatusTimedOut
+	dead = res.Status == job.StatusFailed || res.Status == job.StatusTimedOut
 	if dead {
 		futures = a.deadLetter(res.Failure, res.Attempts)
 	}
@@ -473,47 +432,18 @@ func (a *attempt) conclude(ctx context.Context, res *job.Result) error {
 		}
 	}))
 	if err := a.save(ctx, futures); err != nil {
-		return err
+		return false, err
 	}
 	w.m.finished.Add(ctx, 1, w.m.byStatus(res.Status))
-	if res.Status != job.StatusSucceeded {
+	if res.Status != job.StatusSucceeded && a.span != nil {
 		a.span.SetStatus(codes.Error, string(res.Status))
 	}
 	a.log.Info("job finished", "status", res.Status, "attempts", res.Attempts)
-	if dead {
-		return a.msg.TermWithReason("dead-lettered: " + string(res.Failure.Class))
-	}
-	return a.msg.Ack()
+	return dead, nil
 }
 
-// deadLetter copies the request to the pool's dead-letter subject with its
-// last failure, and announces it.
-func (a *attempt) deadLetter(f *job.Failure, attempts int) []jetstream.PubAckFuture {
-	m := nats.NewMsg(a.w.names.DLQ(a.w.cfg.Pool))
-	m.Data = a.msg.Data()
-	m.Header.Set(queue.HeaderMsgID, a.id+"/dlq/"+strconv.Itoa(attempts))
-	m.Header.Set(queue.HeaderFailureClass, string(f.Class))
-	m.Header.Set(queue.HeaderFailureCode, f.Code)
-	m.Header.Set(queue.HeaderFailureMessage, f.Message)
-	m.Header.Set(queue.HeaderAttempts, strconv.Itoa(attempts))
-	if t := a.msg.Headers().Get(queue.HeaderSubmittedAt); t != "" {
-		m.Header.Set(queue.HeaderSubmittedAt, t)
-	}
-	var out []jetstream.PubAckFuture
-	if fut, err := a.w.js.PublishMsgAsync(m); err == nil {
-		out = append(out, fut)
-	} else {
-		a.log.Warn("dead letter not published", "err", err)
-	}
-	out = append(out, a.event(job.EventDeadLettered, func(e *job.Event) {
-		e.Attempt, e.Failure = attempts, f
-		e.Message = "request copied to " + a.w.names.DLQ(a.w.cfg.Pool)
-	}))
-	return out
-}
-
-// handBack returns the job to the pool without counting this delivery as
-// an attempt.
+// handBack records that the job returns to the pool without this delivery
+// counting as an attempt.
 func (a *attempt) handBack(ctx context.Context, why string) error {
 	rec := a.rec
 	rec.Handbacks++
@@ -524,12 +454,30 @@ func (a *attempt) handBack(ctx context.Context, why string) error {
 		}
 	}
 	rec.UpdatedAt = time.Now()
-	f := a.event(job.EventQueued, func(e *job.Event) { e.Message = "handed back: " + why })
+	f := a.event(job.EventQueued, func(e *job.Event) { e.Message = "handed back by worker " + a.w.cfg.ID + ": " + why })
 	if err := a.save(ctx, []jetstream.PubAckFuture{f}); err != nil {
 		return err
 	}
 	a.log.Info("job handed back", "why", why)
-	return a.msg.Nak()
+	return nil
+}
+
+// refuse terminates a job message that is not a valid request. Only the
+// dispatcher publishes jobs, so this means someone published to the jobs
+// subject directly; if the message names a usable id, its producer gets a
+// failed result saying why.
+func (a *attempt) refuse(why string) error {
+	a.log.Warn("refusing malformed job message", "subject", a.msg.Subject(), "err", why)
+	id := a.msg.Headers().Get(queue.HeaderMsgID)
+	if job.ValidID(id) {
+		now := time.Now()
+		res := &job.Result{JobID: id, Pool: a.w.cfg.Pool, Status: job.StatusFailed, FinishedAt: now,
+			Failure: job.Failf(job.ClassRejected, job.CodeInvalid, "%s", why)}
+		if m, err := a.w.names.ResultMsg(res); err == nil {
+			_, _ = a.w.js.PublishMsg(context.Background(), m)
+		}
+	}
+	return a.msg.TermWithReason("malformed request")
 }
 
 // save writes a.rec with compare-and-set, then waits for the futures.
@@ -600,120 +548,6 @@ func (a *attempt) keepWaiting(wait time.Duration, what string, err error) error 
 	}
 }
 
-// existingResult returns the job's stored result, if it has one.
-func (a *attempt) existingResult(ctx context.Context) (*job.Result, error) {
-	return queue.LastResult(ctx, a.w.js, a.w.names, a.id)
-}
-
-// refuseMalformed terminates a job message that is not a valid request.
-// Only the dispatcher publishes jobs, so this means someone published to
-// the jobs subject directly; if the message names a usable id, its
-// producer gets a failed result saying why.
-func (a *attempt) refuseMalformed(cause error) error {
-	a.log.Warn("refusing malformed job message", "subject", a.msg.Subject(), "err", cause)
-	id := a.msg.Headers().Get(queue.HeaderMsgID)
-	if job.ValidID(id) {
-		now := time.Now()
-		res := &job.Result{JobID: id, Pool: a.w.cfg.Pool, Status: job.StatusFailed, FinishedAt: now,
-			Failure: job.Failf(job.ClassRejected, job.CodeInvalid, "%v", cause)}
-		if m, err := a.w.names.ResultMsg(res); err == nil {
-			_, _ = a.w.js.PublishMsg(context.Background(), m)
-		}
-	}
-	return a.msg.TermWithReason("malformed request")
-}
-
-// progress tells JetStream the attempt is alive, and publishes heartbeat
-// events, until the returned function is called.
-func (a *attempt) progress() (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(a.w.cfg.Progress)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := a.msg.InProgress(); err != nil {
-					a.log.Warn("progress ack failed", "err", err)
-				}
-				a.logMu.Lock()
-				a.hbSeq++
-				seq := a.hbSeq
-				a.logMu.Unlock()
-				a.eventSeq(job.EventHeartbeat, seq, nil)
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
-}
-
-// Log implements Reporter: a bounded number of log events per attempt.
-func (a *attempt) Log(stream, line string) {
-	a.logMu.Lock()
-	a.logs++
-	n := a.logs
-	a.logMu.Unlock()
-	max := a.w.cfg.MaxLogEvents
-	switch {
-	case n < max:
-		a.eventSeq(job.EventLog, n, func(e *job.Event) { e.Stream, e.Line = stream, line })
-	case n == max:
-		a.eventSeq(job.EventLog, n, func(e *job.Event) {
-			e.Stream, e.Line = stream, line
-			e.Message = fmt.Sprintf("log events stop here (limit %d); the result keeps the tail of each stream", max)
-		})
-	}
-}
-
-// Phase implements Reporter: a heartbeat event that names the new phase.
-func (a *attempt) Phase(phase, message string) {
-	a.logMu.Lock()
-	a.hbSeq++
-	seq := a.hbSeq
-	a.logMu.Unlock()
-	a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Message = phase, message })
-}
-
-func (a *attempt) event(t job.EventType, fill func(*job.Event)) jetstream.PubAckFuture {
-	return a.eventSeq(t, 0, fill)
-}
-
-// eventSeq publishes an event without waiting; the returned future may be
-// nil when publishing could not even start.
-func (a *attempt) eventSeq(t job.EventType, seq int, fill func(*job.Event)) jetstream.PubAckFuture {
-	e := &job.Event{JobID: a.id, Attempt: a.n, Type: t, Time: time.Now(), WorkerID: a.w.cfg.ID,
-		Pool: a.w.cfg.Pool, Backend: a.w.cfg.Backend, TraceID: telemetry.TraceID(a.ctx)}
-	if e.TraceID == "" && a.rec != nil {
-		e.TraceID = a.rec.TraceID
-	}
-	if fill != nil {
-		fill(e)
-	}
-	m, err := a.w.names.EventMsg(e, seq)
-	if err != nil {
-		a.log.Warn("event not published", "type", t, "err", err)
-		return nil
-	}
-	if t == job.EventLog || t == job.EventHeartbeat {
-		// Many, and best effort: stored without an acknowledgement.
-		if err := a.w.nc.PublishMsg(m); err != nil {
-			a.log.Warn("event not published", "type", t, "err", err)
-		}
-		return nil
-	}
-	f, err := a.w.js.PublishMsgAsync(m)
-	if err != nil {
-		a.log.Warn("event not published", "type", t, "err", err)
-		return nil
-	}
-	return f
-}
-
 func (a *attempt) newRecord() *job.Record {
 	now := time.Now()
 	sub := a.sub
@@ -742,10 +576,3 @@ func submittedAt(h nats.Header) time.Time {
 	t, _ := time.Parse(time.RFC3339Nano, h.Get(queue.HeaderSubmittedAt))
 	return t
 }
-
-func mustMemory(q string) int64 {
-	v, _ := job.ParseMemory(q)
-	return v
-}
-
-func roundUpMi(b int64) int64 { return (b + (1<<20 - 1)) &^ (1<<20 - 1) }

@@ -349,10 +349,16 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	}
 }
 
-func (w *Worker) register(a *attempt) {
+// register notes an attempt as running here; false when another copy of
+// the job already runs on this worker.
+func (w *Worker) register(a *attempt) bool {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running[a.id] != nil {
+		return false
+	}
 	w.running[a.id] = a
-	w.mu.Unlock()
+	return true
 }
 
 func (w *Worker) unregister(a *attempt) {

@@ -1,0 +1,271 @@
+package worker
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// What a worker does with one delivery of a job message is decided here,
+// by decide, from what it knows at that moment; attempt.settle carries the
+// decision out. decide reads nothing and writes nothing, so every branch is
+// a table test (decide_test.go).
+
+// verb names an action.
+type verb int
+
+const (
+	// doRun runs attempt n.
+	doRun verb = iota + 1
+	// doAck acknowledges a copy of a job that already ended.
+	doAck
+	// doConclude announces the result an earlier delivery published, and
+	// settles the message as that result says.
+	doConclude
+	// doFinish ends the job with outcome: one result, the final event and
+	// record, a dead letter when it failed; then ack or term.
+	doFinish
+	// doRetry records a failed attempt and schedules the next one after
+	// delay (a NakWithDelay: the retry lives in JetStream).
+	doRetry
+	// doHandBack gives the job back to the pool at once, without counting
+	// the delivery as an attempt.
+	doHandBack
+	// doLater leaves the job for a moment: the fleet could not read or
+	// write what it needs (NATS is electing a leader). Nothing is written;
+	// the message comes back after delay.
+	doLater
+	// doRefuse terminates a message that is not a valid request.
+	doRefuse
+)
+
+func (v verb) String() string {
+	switch v {
+	case doRun:
+		return "run"
+	case doAck:
+		return "ack"
+	case doConclude:
+		return "conclude"
+	case doFinish:
+		return "finish"
+	case doRetry:
+		return "retry"
+	case doHandBack:
+		return "hand back"
+	case doLater:
+		return "later"
+	case doRefuse:
+		return "refuse"
+	}
+	return fmt.Sprintf("verb(%d)", int(v))
+}
+
+// action is a decision about one delivery.
+type action struct {
+	verb verb
+	// attempt is the attempt this delivery runs or settles, from 1.
+	attempt int
+	// attempts is how many attempts the job had, for doFinish.
+	attempts int
+	// lost lists attempts found lost with their worker, to add to the
+	// history before anything else happens.
+	lost []job.Attempt
+	// restart is set when lost attempts are retried at once: a
+	// retry_scheduled event says so before attempt runs.
+	restart bool
+	// outcome ends the job (doFinish) or the attempt (doRetry).
+	outcome *executor.Outcome
+	// result is the result that stands (doConclude).
+	result *job.Result
+	// delay and memory are when the next attempt starts, and with how
+	// much memory when an OOM raised it (doRetry).
+	delay  time.Duration
+	memory string
+	// why explains a hand back or a refusal.
+	why string
+}
+
+// situation is what the worker knows when it decides.
+type situation struct {
+	rec       *job.Record  // the job's record, as last read or written
+	req       *job.Request // the normalized request
+	submitted time.Time    // when the job was submitted; zero if unknown
+	now       time.Time
+	// delivered counts the deliveries of the message, this one included.
+	delivered int
+	// draining: the worker is shutting down.
+	draining bool
+	// result is the job's stored result, when the caller looked it up (see
+	// needsResult); nil when there is none.
+	result *job.Result
+	// refused is the executor's reason it can never run the request.
+	refused error
+	// outcome is how the attempt ended, once it ran; nil before.
+	outcome *executor.Outcome
+	// handedBack: the worker stopped the attempt to give the job back.
+	handedBack bool
+	// deadlineBound: the attempt's timeout was cut short to end at the
+	// job's deadline, so that a timeout is the deadline's.
+	deadlineBound bool
+	// retryDelay computes backoff delays.
+	retryDelay RetryDelayFunc
+}
+
+// attemptOf is the attempt number of this delivery: deliveries that
+// draining workers handed back are not attempts.
+func (s *situation) attemptOf() int { return max(1, s.delivered-s.rec.Handbacks) }
+
+// firstLost is the first attempt lost with its worker before this delivery,
+// or 0 when none was: a running attempt that stopped without a word, and
+// any delivery that died before it started.
+func (s *situation) firstLost() int {
+	first := s.rec.Attempt + 1
+	if s.rec.State == job.StateRunning {
+		first = s.rec.Attempt
+	}
+	if first >= 1 && first < s.attemptOf() {
+		return first
+	}
+	return 0
+}
+
+// needsResult reports whether decide must be given the job's stored result:
+// when earlier deliveries were lost, one may have got as far as publishing
+// it.
+func (s *situation) needsResult() bool { return s.outcome == nil && s.firstLost() > 0 }
+
+// decide says what to do with a delivery: before the attempt runs when
+// s.outcome is nil, after it ran otherwise.
+func decide(s *situation) action {
+	if s.outcome != nil {
+		return decideOutcome(s)
+	}
+	return decideDelivery(s)
+}
+
+func decideDelivery(s *situation) action {
+	rec, req, n := s.rec, s.req, s.attemptOf()
+	switch {
+	case s.draining:
+		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
+	case rec.State.Final():
+		// Finished by an earlier delivery that did not get to acknowledge.
+		return action{verb: doAck, attempt: n}
+	case rec.CancelRequested:
+		return finish(n, n-1, job.StatusCancelled,
+			job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled before attempt %d started", n))
+	case req.Deadline != nil && !s.submitted.IsZero() && s.now.After(s.submitted.Add(req.Deadline.Std())):
+		return finish(n, n-1, job.StatusTimedOut,
+			job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed before attempt %d", req.Deadline, n))
+	case req.QueueTimeout != nil && rec.StartedAt == nil && !s.submitted.IsZero() && s.now.After(s.submitted.Add(req.QueueTimeout.Std())):
+		return finish(n, 0, job.StatusTimedOut,
+			job.Failf(job.ClassTimeout, job.CodeQueueTimeout, "queued longer than queue_timeout %s", req.QueueTimeout))
+	}
+
+	var a action
+	last := rec.Failure
+	if first := s.firstLost(); first > 0 {
+		if s.result != nil {
+			// An earlier delivery got as far as publishing the result.
+			return action{verb: doConclude, attempt: n, result: s.result}
+		}
+		for k := first; k < n; k++ {
+			lost := job.Attempt{Attempt: k, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
+				"attempt %d was delivered to a worker that stopped before it started", k)}
+			if k == rec.Attempt && rec.State == job.StateRunning {
+				lost.WorkerID, lost.StartedAt = rec.WorkerID, rec.StartedAt
+				lost.Failure.Message = fmt.Sprintf("worker %s stopped responding during attempt %d", rec.WorkerID, k)
+			}
+			a.lost = append(a.lost, lost)
+			last = lost.Failure
+		}
+		if !req.Retry.Retries(job.ClassInfrastructure, nil) || n-1 >= req.Retry.MaxAttempts {
+			f := finish(n, n-1, job.StatusFailed, last)
+			f.lost = a.lost
+			return f
+		}
+		a.restart = true
+	}
+	switch {
+	case n > req.Retry.MaxAttempts:
+		if last == nil {
+			last = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "delivered %d times without finishing", n-1)
+		}
+		f := finish(n, n-1, job.StatusFailed, last)
+		f.lost = a.lost
+		return f
+	case s.refused != nil:
+		f := finish(n, n, job.StatusFailed, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", s.refused))
+		f.lost = a.lost
+		return f
+	}
+	a.verb, a.attempt = doRun, n
+	return a
+}
+
+func decideOutcome(s *situation) action {
+	n, out := s.attemptOf(), s.outcome
+	if s.handedBack && out.Status != job.StatusSucceeded {
+		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
+	}
+	if s.deadlineBound && out.Status == job.StatusTimedOut {
+		o := *out
+		o.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed during attempt %d", s.req.Deadline, n)
+		out = &o
+	}
+	if out.Status == job.StatusFailed || out.Status == job.StatusTimedOut {
+		if a, ok := retryPlan(s, n, out); ok {
+			return a
+		}
+	}
+	return action{verb: doFinish, attempt: n, attempts: n, outcome: out}
+}
+
+// retryPlan decides whether a failed attempt is tried again, after what
+// delay and with how much memory. A retry that could not start before the
+// job's deadline ends the job timed out instead.
+func retryPlan(s *situation, n int, out *executor.Outcome) (action, bool) {
+	p, f := s.req.Retry, out.Failure
+	if f == nil || n >= p.MaxAttempts {
+		return action{}, false
+	}
+	memory := ""
+	retries := p.Retries(f.Class, out.ExitCode)
+	if f.Class == job.ClassOOM && p.OOMMemoryMultiplier > 1 {
+		// Asking for more memory makes an oom failure worth retrying.
+		cur, limit := s.req.Resources.MemoryBytes(), mustMemory(p.MaxMemory)
+		next := min(int64(float64(cur)*p.OOMMemoryMultiplier), limit)
+		if next > cur {
+			memory, retries = job.FormatMemory(roundUpMi(next)), true
+		}
+	}
+	if !retries {
+		return action{}, false
+	}
+	delay := s.retryDelay(p, n)
+	if d := s.req.Deadline; d != nil && !s.submitted.IsZero() && s.now.Add(delay).After(s.submitted.Add(d.Std())) {
+		timedOut := *out
+		timedOut.Status = job.StatusTimedOut
+		timedOut.Failure = job.Failf(job.ClassTimeout, job.CodeDeadline,
+			"attempt %d failed (%s: %s) and attempt %d could not start before the job's deadline of %s",
+			n, f.Class, f.Message, n+1, d)
+		return action{verb: doFinish, attempt: n, attempts: n, outcome: &timedOut}, true
+	}
+	return action{verb: doRetry, attempt: n, outcome: out, delay: delay, memory: memory}, true
+}
+
+// finish builds a doFinish of a job that ends without running attempt n.
+func finish(n, attempts int, status job.Status, f *job.Failure) action {
+	return action{verb: doFinish, attempt: n, attempts: attempts,
+		outcome: &executor.Outcome{Status: status, Failure: f}}
+}
+
+func mustMemory(q string) int64 {
+	v, _ := job.ParseMemory(q)
+	return v
+}
+
+func roundUpMi(b int64) int64 { return (b + (1<<20 - 1)) &^ (1<<20 - 1) }

@@ -1,0 +1,261 @@
+package worker
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// TestDecide holds every branch of decide to what it must do, without NATS.
+func TestDecide(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	sub := now.Add(-time.Minute)
+	started := now.Add(-30 * time.Second)
+	exit := func(c int) *int { return &c }
+	failed := func(class job.FailureClass, code string, exitCode *int) *executor.Outcome {
+		return &executor.Outcome{Status: executor.StatusOf(&job.Failure{Class: class}), ExitCode: exitCode,
+			Failure: job.Failf(class, code, "it failed"), StartedAt: started, FinishedAt: now}
+	}
+	request := func(edit func(r *job.Request)) *job.Request {
+		r := &job.Request{ID: "j", Command: []string{"true"}, Resources: &job.Resources{Memory: "256Mi"},
+			Retry: &job.RetryPolicy{MaxAttempts: 3}}
+		if edit != nil {
+			edit(r)
+		}
+		r.Normalize()
+		return r
+	}
+	queued := func() *job.Record { return &job.Record{ID: "j", State: job.StateQueued} }
+	runningOn := func(worker string, attempt int) *job.Record {
+		return &job.Record{ID: "j", State: job.StateRunning, Attempt: attempt, WorkerID: worker, StartedAt: &started}
+	}
+	stored := &job.Result{JobID: "j", Status: job.StatusSucceeded, Attempts: 1}
+
+	cases := []struct {
+		name string
+		s    situation
+		want action
+		// check looks further at what decide returned.
+		check func(t *testing.T, a action)
+	}{
+		{
+			name: "a first delivery runs attempt 1",
+			s:    situation{rec: queued(), req: request(nil), delivered: 1},
+			want: action{verb: doRun, attempt: 1},
+		},
+		{
+			name: "a draining worker hands the job back",
+			s:    situation{rec: queued(), req: request(nil), delivered: 1, draining: true},
+			want: action{verb: doHandBack, attempt: 1},
+		},
+		{
+			name: "a copy of a finished job is acknowledged",
+			s:    situation{rec: &job.Record{ID: "j", State: job.StateSucceeded, Attempt: 1}, req: request(nil), delivered: 2},
+			want: action{verb: doAck, attempt: 2},
+		},
+		{
+			name: "a cancel that raced the delivery finishes the job cancelled",
+			s: situation{rec: &job.Record{ID: "j", State: job.StateQueued, CancelRequested: true}, req: request(nil),
+				delivered: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
+			},
+		},
+		{
+			name: "a job past its deadline is finished timed out",
+			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(30 * time.Second); r.Deadline = &d }),
+				submitted: sub, delivered: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
+			},
+		},
+		{
+			name: "a job queued longer than its queue_timeout is finished timed out",
+			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }),
+				submitted: sub, delivered: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout)
+			},
+		},
+		{
+			name: "queue_timeout does not apply once the job has started",
+			s: situation{rec: &job.Record{ID: "j", State: job.StateRetrying, Attempt: 1, StartedAt: &started},
+				req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }), submitted: sub, delivered: 2},
+			want: action{verb: doRun, attempt: 2},
+		},
+		{
+			name: "a lost attempt is recorded and the next one runs at once",
+			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassInfrastructure} }), delivered: 2},
+			want: action{verb: doRun, attempt: 2, restart: true},
+			check: func(t *testing.T, a action) {
+				if len(a.lost) != 1 || a.lost[0].Attempt != 1 || a.lost[0].WorkerID != "w1" || a.lost[0].Failure.Code != job.CodeWorkerLost ||
+					!strings.Contains(a.lost[0].Failure.Message, "w1 stopped responding") {
+					t.Errorf("lost %+v", a.lost)
+				}
+			},
+		},
+		{
+			name: "a delivery that died before it started is lost too",
+			s:    situation{rec: queued(), req: request(nil), delivered: 2},
+			want: action{verb: doRun, attempt: 2, restart: true},
+			check: func(t *testing.T, a action) {
+				if len(a.lost) != 1 || a.lost[0].Attempt != 1 || a.lost[0].WorkerID != "" {
+					t.Errorf("lost %+v", a.lost)
+				}
+			},
+		},
+		{
+			name: "a lost attempt whose result was published concludes with it",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), delivered: 2, result: stored},
+			want: action{verb: doConclude, attempt: 2, result: stored},
+		},
+		{
+			name: "a lost last attempt fails the job",
+			s:    situation{rec: runningOn("w1", 3), req: request(nil), delivered: 4},
+			want: action{verb: doFinish, attempt: 4, attempts: 3},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
+				if len(a.lost) != 1 {
+					t.Errorf("lost %+v", a.lost)
+				}
+			},
+		},
+		{
+			name: "a lost attempt is not retried when infrastructure failures are not",
+			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassExecution} }), delivered: 2},
+			want: action{verb: doFinish, attempt: 2, attempts: 1},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
+			},
+		},
+		{
+			name: "hand-backs are not attempts",
+			s:    situation{rec: &job.Record{ID: "j", State: job.StateQueued, Handbacks: 2}, req: request(nil), delivered: 3},
+			want: action{verb: doRun, attempt: 1},
+		},
+		{
+			name: "a request the executor refuses is rejected",
+			s:    situation{rec: queued(), req: request(nil), delivered: 1, refused: errors.New("docker executor cannot run it: no image")},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusFailed, job.ClassRejected, job.CodeInvalid)
+			},
+		},
+		{
+			name: "a succeeded attempt finishes the job",
+			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1,
+				outcome: &executor.Outcome{Status: job.StatusSucceeded, ExitCode: exit(0)}},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		{
+			name: "a failed attempt with attempts left is retried after the backoff",
+			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now,
+				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second},
+		},
+		{
+			name: "the last attempt's failure is the job's",
+			s: situation{rec: runningOn("w", 3), req: request(nil), delivered: 3, now: now,
+				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+			want: action{verb: doFinish, attempt: 3, attempts: 3},
+		},
+		{
+			name: "a non-retryable exit code is not retried",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.NonRetryableExitCodes = []int{2} }),
+				delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(2))},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		{
+			name: "a class not in retry_on is not retried",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassTimeout} }),
+				delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		{
+			name: "an OOM is retried with more memory",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.OOMMemoryMultiplier = 2 }),
+				delivered: 1, now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
+			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second, memory: "512Mi"},
+		},
+		{
+			name: "an OOM at the memory cap is not retried",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) {
+				r.Retry.OOMMemoryMultiplier, r.Retry.MaxMemory = 2, "256Mi"
+			}), delivered: 1, now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		{
+			name: "a retry that could not start before the deadline times the job out",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { d := job.Duration(61 * time.Second); r.Deadline = &d }),
+				submitted: sub, delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
+			},
+		},
+		{
+			name: "a timeout cut short by the deadline is the deadline's",
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.MaxAttempts = 1 }), delivered: 1, now: now,
+				outcome: failed(job.ClassTimeout, job.CodeAttemptTimeout, nil), deadlineBound: true},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
+			},
+		},
+		{
+			name: "an attempt stopped for a drain hands the job back",
+			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now, handedBack: true,
+				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "drain")}},
+			want: action{verb: doHandBack, attempt: 1},
+		},
+		{
+			name: "an attempt that succeeded while the worker drained is kept",
+			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now, handedBack: true,
+				outcome: &executor.Outcome{Status: job.StatusSucceeded}},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		{
+			name: "a cancelled attempt finishes the job cancelled",
+			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now,
+				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "stop")}},
+			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := c.s
+			if s.now.IsZero() {
+				s.now = now
+			}
+			s.retryDelay = func(p *job.RetryPolicy, n int) time.Duration { return time.Duration(n+6) * time.Second }
+			got := decide(&s)
+			if got.verb != c.want.verb || got.attempt != c.want.attempt || got.restart != c.want.restart ||
+				got.delay != c.want.delay || got.memory != c.want.memory || got.result != c.want.result {
+				t.Errorf("decide = %s attempt %d restart %v delay %s memory %q result %v, want %s attempt %d restart %v delay %s memory %q result %v",
+					got.verb, got.attempt, got.restart, got.delay, got.memory, got.result != nil,
+					c.want.verb, c.want.attempt, c.want.restart, c.want.delay, c.want.memory, c.want.result != nil)
+			}
+			if got.verb == doFinish && got.attempts != c.want.attempts {
+				t.Errorf("finish with %d attempts, want %d", got.attempts, c.want.attempts)
+			}
+			if c.check != nil {
+				c.check(t, got)
+			}
+		})
+	}
+}
+
+func wantFailure(t *testing.T, a action, status job.Status, class job.FailureClass, code string) {
+	t.Helper()
+	if a.outcome == nil || a.outcome.Status != status || a.outcome.Failure == nil ||
+		a.outcome.Failure.Class != class || a.outcome.Failure.Code != code {
+		t.Errorf("outcome %+v, want %s %s/%s", a.outcome, status, class, code)
+	}
+}

@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// An attempt is the executor's Reporter: what the attempt says while it
+// runs becomes log and heartbeat events, bounded.
+
+// progress tells JetStream the attempt is alive, and publishes heartbeat
+// events, until the returned function is called.
+func (a *attempt) progress() (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(a.w.cfg.Progress)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := a.msg.InProgress(); err != nil {
+					a.log.Warn("progress ack failed", "err", err)
+				}
+				a.logMu.Lock()
+				a.hbSeq++
+				seq := a.hbSeq
+				a.logMu.Unlock()
+				a.eventSeq(job.EventHeartbeat, seq, nil)
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// Log implements Reporter: a bounded number of log events per attempt.
+func (a *attempt) Log(stream, line string) {
+	a.logMu.Lock()
+	a.logs++
+	n := a.logs
+	a.logMu.Unlock()
+	max := a.w.cfg.MaxLogEvents
+	switch {
+	case n < max:
+		a.eventSeq(job.EventLog, n, func(e *job.Event) { e.Stream, e.Line = stream, line })
+	case n == max:
+		a.eventSeq(job.EventLog, n, func(e *job.Event) {
+			e.Stream, e.Line = stream, line
+			e.Message = fmt.Sprintf("log events stop here (limit %d); the result keeps the tail of each stream", max)
+		})
+	}
+}
+
+// Phase implements Reporter: a heartbeat event that names the new phase.
+func (a *attempt) Phase(phase, message string) {
+	a.logMu.Lock()
+	a.hbSeq++
+	seq := a.hbSeq
+	a.logMu.Unlock()
+	a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Message = phase, message })
+}
