@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,7 +60,11 @@ func BindStore(ctx context.Context, js jetstream.JetStream, names Names) (*Store
 
 // Get returns a job's record and its revision.
 func (s *Store) Get(ctx context.Context, id string) (*job.Record, uint64, error) {
-	e, err := s.kv.Get(ctx, id)
+	var e jetstream.KeyValueEntry
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		e, err = s.kv.Get(ctx, id)
+		return err
+	}, nil)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, ErrNotFound
 	}
@@ -75,59 +80,50 @@ func (s *Store) Get(ctx context.Context, id string) (*job.Record, uint64, error)
 
 // Create stores the first record of a job; ErrExists if it has one.
 func (s *Store) Create(ctx context.Context, rec *job.Record) (uint64, error) {
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return 0, err
-	}
-	rev, err := s.kv.Create(ctx, rec.ID, data)
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, ErrExists
-	}
-	if err != nil {
-		return 0, fmt.Errorf("create record of job %s: %w", rec.ID, err)
-	}
-	return rev, nil
+	return s.write(ctx, rec, 0, ErrExists)
 }
 
-// Update replaces a record if it is still at revision rev.
+// Update replaces a record if it is still at revision rev; ErrConflict if
+// it is not.
 func (s *Store) Update(ctx context.Context, rec *job.Record, rev uint64) (uint64, error) {
-	f, err := s.UpdateAsync(rec, rev)
-	if err != nil {
-		return 0, err
-	}
-	return s.Wait(ctx, f)
+	return s.write(ctx, rec, rev, ErrConflict)
 }
 
-// UpdateAsync starts an Update without waiting for the server; pass the
-// future to Wait. A rev of 0 means the key must not exist yet.
-func (s *Store) UpdateAsync(rec *job.Record, rev uint64) (jetstream.PubAckFuture, error) {
+// write stores rec with compare-and-set against revision rev (0: the key
+// must not exist), and returns the new revision. A write whose answer was
+// lost (see Ambiguous) is sent again; if the second try finds the record
+// changed, the change may be the first try's own: the stored value is read
+// back, and if it is exactly what was written, the write succeeded.
+func (s *Store) write(ctx context.Context, rec *job.Record, rev uint64, refused error) (uint64, error) {
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return nil, err
+		return 0, fmt.Errorf("encode record of job %s: %w", rec.ID, err)
 	}
-	m := nats.NewMsg(s.names.KVSubject(rec.ID))
-	m.Data = data
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	f, err := s.js.PublishMsgAsync(m)
-	if err != nil {
-		return nil, fmt.Errorf("update record of job %s: %w", rec.ID, err)
-	}
-	return f, nil
-}
-
-// Wait waits for an UpdateAsync and returns the new revision.
-func (s *Store) Wait(ctx context.Context, f jetstream.PubAckFuture) (uint64, error) {
-	select {
-	case ack := <-f.Ok():
-		return ack.Sequence, nil
-	case err := <-f.Err():
-		if IsWrongLastSequence(err) {
-			return 0, ErrConflict
+	var newRev uint64
+	ambiguous := false
+	err = Retry(ctx, func(ctx context.Context) error {
+		m := nats.NewMsg(s.names.KVSubject(rec.ID))
+		m.Data = data
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+		ack, err := s.js.PublishMsg(ctx, m)
+		if err == nil {
+			newRev = ack.Sequence
 		}
-		return 0, fmt.Errorf("update job record: %w", err)
-	case <-ctx.Done():
-		return 0, fmt.Errorf("update job record: %w", ctx.Err())
+		ambiguous = ambiguous || Ambiguous(err)
+		return err
+	}, nil)
+	if IsWrongLastSequence(err) {
+		if ambiguous {
+			if e, gerr := s.kv.Get(ctx, rec.ID); gerr == nil && bytes.Equal(e.Value(), data) {
+				return e.Revision(), nil
+			}
+		}
+		return 0, refused
 	}
+	if err != nil {
+		return 0, fmt.Errorf("write record of job %s: %w", rec.ID, err)
+	}
+	return newRev, nil
 }
 
 // IsWrongLastSequence reports a failed compare-and-set.

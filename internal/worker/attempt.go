@@ -86,7 +86,7 @@ func (a *attempt) handle() error {
 		err = errors.New("invalid request: id is missing")
 	}
 	if err != nil {
-		return a.settle(context.Background(), action{verb: doRefuse, why: err.Error()})
+		return a.settle(w.settling, action{verb: doRefuse, why: err.Error()})
 	}
 	req.Normalize()
 	a.req, a.id = req, req.ID
@@ -105,7 +105,7 @@ func (a *attempt) handle() error {
 	}
 	defer w.unregister(a)
 
-	ctx := telemetry.Propagator.Extract(context.Background(), queue.HeaderCarrier(a.msg.Headers()))
+	ctx := telemetry.Propagator.Extract(w.settling, queue.HeaderCarrier(a.msg.Headers()))
 	a.traceID = telemetry.TraceID(ctx)
 	// On a first delivery the record is the one the dispatcher created, at
 	// the revision the message names: the worker's first write is a
@@ -288,19 +288,14 @@ func (a *attempt) begin(ctx context.Context, act action) error {
 	if a.first {
 		rec.StartedAt = &a.started
 	}
-	f, err := a.w.store.UpdateAsync(rec, a.rev)
-	if err == nil {
-		var rev uint64
-		if rev, err = a.w.store.Wait(ctx, f); err == nil {
-			a.rev = rev
-		}
-	}
+	rev, err := a.w.store.Update(ctx, rec, a.rev)
 	if err != nil {
 		// The write did not happen: the record stays as read, for the next
 		// decision.
 		rec.History = rec.History[:len(rec.History)-len(act.lost)]
 		return err
 	}
+	a.rev = rev
 	if act.restart {
 		// Tell watchers why the attempt they saw never ended, now that it
 		// is recorded.
@@ -320,6 +315,7 @@ func (a *attempt) begin(ctx context.Context, act action) error {
 // write fails for good (the worker is stopped hard), the message is left
 // to come back after the ack wait.
 func (a *attempt) settle(ctx context.Context, act action) error {
+	defer a.holdOn()()
 	switch act.verb {
 	case doLater:
 		return a.msg.NakWithDelay(laterDelay)
@@ -357,6 +353,29 @@ func (a *attempt) settle(ctx context.Context, act action) error {
 		return a.msg.Ack()
 	}
 	return fmt.Errorf("no way to settle %s", act.verb)
+}
+
+// holdOn tells JetStream the job is still in hand while a settlement waits
+// for NATS (a cluster electing a leader), so that it is not delivered to
+// another worker meanwhile. It returns the function that stops it.
+func (a *attempt) holdOn() (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	t = time.AfterFunc(a.w.cfg.Progress, func() {
+		_ = a.msg.InProgress()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(a.w.cfg.Progress)
+		}
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
+	}
 }
 
 // retry records a failed attempt and announces the next one.
@@ -480,72 +499,46 @@ func (a *attempt) refuse(why string) error {
 	return a.msg.TermWithReason("malformed request")
 }
 
-// save writes a.rec with compare-and-set, then waits for the futures.
-// On a conflict (a cancel changed the record) it merges the cancel request
-// into the record, stops the attempt if it runs, and writes again.
+// save writes a.rec with compare-and-set, then waits for the futures,
+// publishing again what was not stored. On a conflict (a cancel changed the
+// record) it merges the cancel request into the record, stops the attempt
+// if it runs, and writes again. Lost answers are tried again until the
+// worker gives up for good (see Worker.Stop).
 func (a *attempt) save(ctx context.Context, futures []jetstream.PubAckFuture) error {
 	store := a.w.store
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		f, err := store.UpdateAsync(a.rec, a.rev)
+	for {
+		rev, err := store.Update(ctx, a.rec, a.rev)
 		if err == nil {
-			var rev uint64
-			rev, err = store.Wait(ctx, f)
-			if err == nil {
-				a.rev = rev
-				break
-			}
+			a.rev = rev
+			break
 		}
-		if errors.Is(err, queue.ErrConflict) {
-			cur, rev, gerr := store.Get(ctx, a.id)
-			if gerr == nil {
-				a.rev = rev
-				if cur.CancelRequested && !a.rec.CancelRequested {
-					a.rec.CancelRequested = true
-					a.cancel(executor.ErrCancelled)
-				}
-				if cur.State.Final() && !a.rec.State.Final() {
-					// The dispatcher finished it (a cancel while queued).
-					a.cancel(executor.ErrCancelled)
-					return nil
-				}
-				continue
-			}
-			err = gerr
-		}
-		if err := a.keepWaiting(wait, "save job record", err); err != nil {
+		if !errors.Is(err, queue.ErrConflict) {
 			return err
+		}
+		cur, rev, err := store.Get(ctx, a.id)
+		if err != nil {
+			return err
+		}
+		a.rev = rev
+		if cur.CancelRequested && !a.rec.CancelRequested {
+			a.rec.CancelRequested = true
+			a.cancel(executor.ErrCancelled)
+		}
+		if cur.State.Final() && !a.rec.State.Final() {
+			// The dispatcher finished it (a cancel while queued).
+			a.cancel(executor.ErrCancelled)
+			return nil
 		}
 	}
 	for _, f := range futures {
 		if f == nil {
 			continue
 		}
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			// Events are de-duplicated by id: publishing again is safe.
-			if _, rerr := a.w.js.PublishMsg(ctx, f.Msg()); rerr != nil {
-				return fmt.Errorf("publish %s: %w", f.Msg().Subject, errors.Join(err, rerr))
-			}
-		case <-ctx.Done():
-			return ctx.Err()
+		if _, err := queue.Await(ctx, a.w.js, f); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-// keepWaiting sleeps before another try of a step that must succeed,
-// telling JetStream the job is still in hand. It gives up only when the
-// worker is stopped hard.
-func (a *attempt) keepWaiting(wait time.Duration, what string, err error) error {
-	a.log.Warn("retrying: "+what, "err", err, "in", wait)
-	_ = a.msg.InProgress()
-	select {
-	case <-time.After(wait):
-		return nil
-	case <-a.w.runCtx.Done():
-		return fmt.Errorf("%s: %w", what, errors.Join(err, context.Cause(a.w.runCtx)))
-	}
 }
 
 func (a *attempt) newRecord() *job.Record {

@@ -18,24 +18,7 @@ import (
 // publishResult publishes the job's one result and returns the result that
 // stands: this one, or the one an earlier delivery published first.
 func (a *attempt) publishResult(ctx context.Context, res *job.Result) (*job.Result, error) {
-	m, err := a.w.names.ResultMsg(res)
-	if err != nil {
-		return nil, err
-	}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		ack, err := a.w.js.PublishMsg(ctx, m)
-		if err == nil && !ack.Duplicate {
-			return res, nil
-		}
-		if queue.IsResultExists(err) || err == nil {
-			if existing, gerr := a.existingResult(ctx); gerr == nil && existing != nil {
-				return existing, nil
-			}
-		}
-		if err := a.keepWaiting(wait, "publish result", err); err != nil {
-			return nil, err
-		}
-	}
+	return queue.PublishResult(ctx, a.w.js, a.w.names, res)
 }
 
 // existingResult returns the job's stored result, if it has one.

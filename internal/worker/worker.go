@@ -154,6 +154,10 @@ type Worker struct {
 	pulling  sync.WaitGroup // the pull loop and its open fetches
 	runCtx   context.Context
 	stopRuns context.CancelCauseFunc
+	// settling bounds what attempts write and publish to settle their
+	// jobs; it ends only when Stop gives up on NATS (see handBackGrace).
+	settling context.Context
+	giveUp   context.CancelFunc
 	attempts sync.WaitGroup
 	mu       sync.Mutex
 	running  map[string]*attempt
@@ -203,7 +207,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to cancels: %w", err)
 	}
-	w.runCtx, w.stopRuns = context.WithCancelCause(context.WithoutCancel(ctx))
+	w.settling, w.giveUp = context.WithCancel(context.WithoutCancel(ctx))
+	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
 	w.pulling.Add(1)
 	go w.pull()
@@ -227,7 +232,15 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		w.log.Warn("drain timeout: handing back running jobs", "running", w.Running())
 		w.stopRuns(executor.ErrHandBack)
-		<-done
+		select {
+		case <-done:
+		case <-time.After(handBackGrace):
+			// NATS does not answer: what is not handed back comes back to
+			// the pool after the ack wait.
+			w.log.Warn("NATS does not answer: leaving the rest for redelivery", "running", w.Running())
+			w.giveUp()
+			<-done
+		}
 	}
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
@@ -237,9 +250,14 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-w.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Second):
 	}
+	w.giveUp()
 	w.log.Info("worker stopped")
 	return nil
 }
+
+// handBackGrace is how long a stopping worker tries to hand its jobs back
+// after the drain timeout.
+const handBackGrace = 10 * time.Second
 
 // Running returns how many attempts are running.
 func (w *Worker) Running() int {

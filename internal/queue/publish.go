@@ -1,0 +1,114 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Publishing through elections.
+//
+// On a cluster, a stream answers nothing while it elects a leader (no
+// responders), and an answer can be lost with the node that would have
+// sent it (a timeout) although the message was stored. Each of the fleet's
+// own messages carries a message id, so sending it again is safe: a stream
+// that already has it answers "duplicate" and does not store it twice.
+// Publish sends it again promptly, rather than leaving the work it belongs
+// to for the ack wait.
+
+// tryTimeout bounds one try of a publish: long enough for a quorum write
+// on a busy cluster, short enough that a lost answer costs little.
+const tryTimeout = 3 * time.Second
+
+// errUnsettled says that what the fleet reads is not settled yet, and a
+// moment later it will be: a step that meets it is tried again.
+var errUnsettled = errors.New("not settled yet")
+
+// Ambiguous reports whether a publish failed in a way that leaves it
+// unknown whether the stream stored the message, or that will pass:
+// timeouts, no responders while a stream elects its leader, a connection
+// that is reconnecting, a stream that says it is not available now.
+func Ambiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, errUnsettled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503: JetStream or the stream is not available right now; 408 and
+		// 504: a request timed out inside the cluster.
+		return apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 504
+	}
+	return false
+}
+
+// retrying returns the backoff of a step that must eventually succeed:
+// quick at first, then at most every two seconds, until ctx ends.
+func retrying(ctx context.Context) backoff.BackOff {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(50*time.Millisecond),
+		backoff.WithMaxInterval(2*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
+	return backoff.WithContext(b, ctx)
+}
+
+// Retry runs op until it succeeds, fails with an error Ambiguous does not
+// accept, or ctx ends. Each try gets its own deadline of tryTimeout (or
+// less, within ctx). onRetry, if not nil, is told of each failure that is
+// tried again.
+func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
+	return backoff.RetryNotify(func() error {
+		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
+		defer cancel()
+		err := op(tctx)
+		if err != nil && (!Ambiguous(err) || ctx.Err() != nil) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, retrying(ctx), onRetry)
+}
+
+// Publish stores m in its stream, sending it again while the answer is
+// ambiguous (see Ambiguous) until ctx ends. m must carry a message id
+// (Nats-Msg-Id), which makes a second copy a duplicate the stream drops.
+func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
+	if m.Header.Get(HeaderMsgID) == "" {
+		return nil, fmt.Errorf("publish %s: the message has no id, so it cannot be sent again safely", m.Subject)
+	}
+	var ack *jetstream.PubAck
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		ack, err = js.PublishMsg(ctx, m)
+		return err
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s: %w", m.Subject, err)
+	}
+	return ack, nil
+}
+
+// Await waits for an asynchronous publish; if it failed ambiguously, it
+// publishes the message again with Publish.
+func Await(ctx context.Context, js jetstream.JetStream, f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		if !Ambiguous(err) {
+			return nil, fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+		}
+		return Publish(ctx, js, f.Msg())
+	case <-ctx.Done():
+		return nil, fmt.Errorf("publish %s: %w", f.Msg().Subject, ctx.Err())
+	}
+}
