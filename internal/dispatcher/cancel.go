@@ -40,6 +40,11 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (*job.CancelReply, e
 			if err := d.finishCancelled(ctx, rec); err != nil {
 				return nil, err
 			}
+			if rec.State != job.StateCancelled {
+				r.State = rec.State
+				r.Message = fmt.Sprintf("nothing to cancel: the job already ended (%s)", rec.State)
+				return r, nil
+			}
 		}
 		if _, err := d.store.Update(ctx, rec, rev); errors.Is(err, queue.ErrConflict) {
 			continue // a worker moved it meanwhile: look again
@@ -65,25 +70,23 @@ func (d *Dispatcher) Cancel(ctx context.Context, id string) (*job.CancelReply, e
 }
 
 // finishCancelled publishes the cancelled result and event of a job that
-// is not running, and marks rec final.
+// is not running, and marks rec final. If the job got a result first (a
+// worker finished it a moment ago), rec takes that one instead.
 func (d *Dispatcher) finishCancelled(ctx context.Context, rec *job.Record) error {
 	t := time.Now()
 	f := job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled while %s", rec.State)
 	res := &job.Result{JobID: rec.ID, Pool: rec.Pool, Status: job.StatusCancelled, Attempts: rec.Attempt,
 		FinishedAt: t, Failure: f, TraceID: rec.TraceID, RunID: rec.RunID, NodeID: rec.NodeID, History: rec.History}
-	m, err := d.names.ResultMsg(res)
+	stood, err := queue.PublishResult(ctx, d.js, d.names, res)
 	if err != nil {
 		return err
 	}
-	if _, err := d.js.PublishMsg(ctx, m); err != nil && !queue.IsResultExists(err) {
-		return fmt.Errorf("publish result: %w", err)
+	if stood != res {
+		job.NewStatusReply(rec, stood)
+		return nil
 	}
-	fut, err := d.publishEvent(&job.Event{JobID: rec.ID, Attempt: rec.Attempt, Type: job.EventCancelled, Time: t,
-		Pool: rec.Pool, Failure: f, Message: f.Message, TraceID: rec.TraceID})
-	if err != nil {
-		return err
-	}
-	if err := waitFuture(ctx, fut); err != nil {
+	if err := d.publishEvent(ctx, &job.Event{JobID: rec.ID, Attempt: rec.Attempt, Type: job.EventCancelled, Time: t,
+		Pool: rec.Pool, Failure: f, Message: f.Message, TraceID: rec.TraceID}); err != nil {
 		return err
 	}
 	rec.State, rec.Failure, rec.FinishedAt, rec.NextAttemptAt = job.StateCancelled, f, &t, nil

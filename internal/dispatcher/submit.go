@@ -138,7 +138,7 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 
 	// The queued event goes out before the job, on the same connection, so
 	// that it comes before anything a worker says about the job.
-	queued, err := d.publishEvent(&job.Event{JobID: req.ID, Type: job.EventQueued, Time: at, Pool: req.Pool,
+	queued, err := d.publishEventAsync(&job.Event{JobID: req.ID, Type: job.EventQueued, Time: at, Pool: req.Pool,
 		TraceID: traceID, Message: warning})
 	if err != nil {
 		return nil, errTransient{err}
@@ -148,8 +148,8 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		return nil, errTransient{fmt.Errorf("publish job %s: %w", req.ID, err)}
 	}
 	for _, f := range []jetstream.PubAckFuture{queued, published} {
-		if err := waitFuture(ctx, f); err != nil {
-			return nil, errTransient{fmt.Errorf("publish job %s: %w", req.ID, err)}
+		if _, err := queue.Await(ctx, d.js, f); err != nil {
+			return nil, errTransient{err}
 		}
 	}
 	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
@@ -169,9 +169,9 @@ func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (
 	}
 	t := time.Now()
 	f := job.Failf(job.ClassRejected, job.CodeInvalid, "%s", reason)
-	if fut, err := d.publishEvent(&job.Event{JobID: id, Type: job.EventRejected, Time: t, Pool: pool,
-		Failure: f, Message: reason, TraceID: telemetry.TraceID(ctx)}); err == nil {
-		_ = waitFuture(ctx, fut)
+	if err := d.publishEvent(ctx, &job.Event{JobID: id, Type: job.EventRejected, Time: t, Pool: pool,
+		Failure: f, Message: reason, TraceID: telemetry.TraceID(ctx)}); err != nil {
+		d.log.Warn("rejected event not published", "job_id", id, "err", err)
 	}
 	rec := &job.Record{ID: id, Pool: pool, State: job.StateRejected, SubmittedAt: t, UpdatedAt: t, Failure: f}
 	if _, err := d.store.Create(ctx, rec); errors.Is(err, queue.ErrExists) {
@@ -183,7 +183,9 @@ func (d *Dispatcher) reject(ctx context.Context, id, pool string, cause error) (
 	return &job.SubmitReply{JobID: id, State: job.StateRejected, Error: reason}, nil
 }
 
-func (d *Dispatcher) publishEvent(e *job.Event) (jetstream.PubAckFuture, error) {
+// publishEventAsync starts publishing an event; wait for it with
+// queue.Await.
+func (d *Dispatcher) publishEventAsync(e *job.Event) (jetstream.PubAckFuture, error) {
 	m, err := d.names.EventMsg(e, 0)
 	if err != nil {
 		return nil, err
@@ -191,15 +193,14 @@ func (d *Dispatcher) publishEvent(e *job.Event) (jetstream.PubAckFuture, error) 
 	return d.js.PublishMsgAsync(m)
 }
 
-func waitFuture(ctx context.Context, f jetstream.PubAckFuture) error {
-	select {
-	case <-f.Ok():
-		return nil
-	case err := <-f.Err():
+// publishEvent publishes an event and waits until it is stored.
+func (d *Dispatcher) publishEvent(ctx context.Context, e *job.Event) error {
+	m, err := d.names.EventMsg(e, 0)
+	if err != nil {
 		return err
-	case <-ctx.Done():
-		return ctx.Err()
 	}
+	_, err = queue.Publish(ctx, d.js, m)
+	return err
 }
 
 // lenientID digs a usable id out of a request that failed to decode, so the
@@ -225,6 +226,6 @@ func (d *Dispatcher) Announce(ctx context.Context, e *job.Event) error {
 		return err
 	}
 	m.Header.Set(queue.HeaderMsgID, fmt.Sprintf("%s/%d/%s", e.JobID, e.Attempt, e.Phase))
-	_, err = d.js.PublishMsg(ctx, m)
+	_, err = queue.Publish(ctx, d.js, m)
 	return err
 }
