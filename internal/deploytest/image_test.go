@@ -64,7 +64,9 @@ func staticBinaries(t testing.TB) string {
 		for _, c := range commands {
 			args = append(args, "./cmd/"+c)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// A cold build of client-go and the Docker client takes minutes on
+		// two cores, more while other test packages build beside it.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = root
