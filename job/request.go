@@ -17,6 +17,7 @@ const (
 	DefaultMemory         = "256Mi"
 	DefaultTimeout        = 60 * time.Second
 	DefaultMaxAttempts    = 1
+	DefaultMaxLost        = 3
 	DefaultInitialBackoff = time.Second
 	DefaultMaxBackoff     = time.Minute
 	DefaultMultiplier     = 2.0
@@ -95,7 +96,11 @@ func (r *Resources) MemoryBytes() int64 {
 // RetryPolicy governs what happens after a failed attempt.
 type RetryPolicy struct {
 	// MaxAttempts counts all attempts, the first included. Defaults to 1.
-	MaxAttempts    int       `json:"max_attempts,omitempty"`
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// MaxLost bounds the attempts lost to the fleet itself (a worker that
+	// died or was cut off mid-attempt), which are run again without
+	// counting against MaxAttempts. Defaults to 3; 0 allows none.
+	MaxLost        *int      `json:"max_lost,omitempty"`
 	InitialBackoff *Duration `json:"initial_backoff,omitempty"` // Defaults to 1s.
 	MaxBackoff     *Duration `json:"max_backoff,omitempty"`     // Defaults to 1m.
 	Multiplier     float64   `json:"multiplier,omitempty"`      // Defaults to 2.
@@ -249,6 +254,10 @@ func (r *Request) Normalize() {
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
+	if p.MaxLost == nil {
+		n := DefaultMaxLost
+		p.MaxLost = &n
+	}
 	if p.InitialBackoff == nil {
 		d := Duration(DefaultInitialBackoff)
 		p.InitialBackoff = &d
@@ -288,6 +297,10 @@ func (r *Request) Clone() *Request {
 		p := *r.Retry
 		p.RetryOn = slices.Clone(r.Retry.RetryOn)
 		p.NonRetryableExitCodes = slices.Clone(r.Retry.NonRetryableExitCodes)
+		if r.Retry.MaxLost != nil {
+			n := *r.Retry.MaxLost
+			p.MaxLost = &n
+		}
 		c.Retry = &p
 	}
 	return &c

@@ -179,6 +179,9 @@ func (r *Request) Validate(l Limits) error {
 		if p.MaxAttempts < 0 || p.MaxAttempts > l.MaxAttempts {
 			v.add("retry.max_attempts", "%d must be between 1 and %d", p.MaxAttempts, l.MaxAttempts)
 		}
+		if p.MaxLost != nil && (*p.MaxLost < 0 || *p.MaxLost > l.MaxAttempts) {
+			v.add("retry.max_lost", "%d must be between 0 and %d", *p.MaxLost, l.MaxAttempts)
+		}
 		v.duration("retry.initial_backoff", p.InitialBackoff, l.MaxTimeout)
 		v.duration("retry.max_backoff", p.MaxBackoff, l.MaxTimeout)
 		if p.InitialBackoff != nil && p.MaxBackoff != nil && *p.MaxBackoff < *p.InitialBackoff {

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,10 @@ type attempt struct {
 // laterDelay is how long a job waits when the fleet could not read or
 // write its record.
 const laterDelay = 2 * time.Second
+
+// errSuperseded: a later attempt of the job was recorded while this one
+// settled; this delivery must leave the job and its message alone.
+var errSuperseded = errors.New("a later attempt took the job over")
 
 // handle runs one delivery. It never returns before the message is
 // acknowledged, handed back, scheduled again, or left for redelivery.
@@ -143,13 +148,23 @@ func (a *attempt) handle() error {
 
 // situation gathers what the worker knows now, for decide.
 func (a *attempt) situation() *situation {
-	return &situation{rec: a.rec, req: a.req, submitted: a.sub, now: time.Now(), delivered: a.delivered,
-		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry}
+	return &situation{rec: a.rec, req: a.req, submitted: a.sub, now: time.Now(),
+		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry, recheck: a.w.cfg.Queue.AckWait}
 }
 
 // decide completes s with what it needs from outside (the stored result,
-// the executor's judgement of the request), then decides.
+// whether another worker still runs the job, the executor's judgement of
+// the request), then decides.
 func (a *attempt) decide(ctx context.Context, s *situation) (action, error) {
+	if h, ok := a.w.cfg.Capacity.(Holder); ok && s.needsOwner(a.w.cfg.ID) {
+		runs, err := h.Holds(ctx, s.rec.WorkerID, a.id, s.rec.Attempt)
+		if err != nil {
+			// Without Redis, nobody can tell: the attempt counts as lost,
+			// as it does on a fleet without capacity accounting.
+			a.log.Warn("cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
+		}
+		s.ownerRuns = runs
+	}
 	if s.needsResult() {
 		res, err := a.existingResult(ctx)
 		if err != nil {
@@ -316,9 +331,21 @@ func (a *attempt) begin(ctx context.Context, act action) error {
 // to come back after the ack wait.
 func (a *attempt) settle(ctx context.Context, act action) error {
 	defer a.holdOn()()
+	err := a.carryOut(ctx, act)
+	if errors.Is(err, errSuperseded) {
+		a.log.Warn("a later attempt took the job over; leaving it", "attempt", a.n)
+		return nil
+	}
+	return err
+}
+
+func (a *attempt) carryOut(ctx context.Context, act action) error {
 	switch act.verb {
 	case doLater:
-		return a.msg.NakWithDelay(laterDelay)
+		if act.why != "" {
+			a.log.Info("leaving the job for now", "why", act.why, "for", act.delay)
+		}
+		return a.msg.NakWithDelay(cmp.Or(act.delay, laterDelay))
 	case doRefuse:
 		return a.refuse(act.why)
 	case doAck:
@@ -518,6 +545,11 @@ func (a *attempt) save(ctx context.Context, futures []jetstream.PubAckFuture) er
 		cur, rev, err := store.Get(ctx, a.id)
 		if err != nil {
 			return err
+		}
+		if cur.Attempt > a.n {
+			// Another delivery took the job over (this one was given up for
+			// lost): the job and its message are that one's now.
+			return errSuperseded
 		}
 		a.rev = rev
 		if cur.CancelRequested && !a.rec.CancelRequested {

@@ -34,8 +34,8 @@ const (
 	// the delivery as an attempt.
 	doHandBack
 	// doLater leaves the job for a moment: the fleet could not read or
-	// write what it needs (NATS is electing a leader). Nothing is written;
-	// the message comes back after delay.
+	// write what it needs (NATS is electing a leader), or another worker
+	// still runs it. Nothing is written; the message comes back later.
 	doLater
 	// doRefuse terminates a message that is not a valid request.
 	doRefuse
@@ -81,7 +81,8 @@ type action struct {
 	// result is the result that stands (doConclude).
 	result *job.Result
 	// delay and memory are when the next attempt starts, and with how
-	// much memory when an OOM raised it (doRetry).
+	// much memory when an OOM raised it (doRetry); delay is also how long
+	// a job is left before it is looked at again (doLater).
 	delay  time.Duration
 	memory string
 	// why explains a hand back or a refusal.
@@ -94,8 +95,12 @@ type situation struct {
 	req       *job.Request // the normalized request
 	submitted time.Time    // when the job was submitted; zero if unknown
 	now       time.Time
-	// delivered counts the deliveries of the message, this one included.
-	delivered int
+	// ownerRuns: the worker recorded as running the job still holds the
+	// attempt (its capacity lease says so).
+	ownerRuns bool
+	// recheck is how long a job another worker still runs is left before
+	// it is looked at again: the ack wait.
+	recheck time.Duration
 	// draining: the worker is shutting down.
 	draining bool
 	// result is the job's stored result, when the caller looked it up (see
@@ -114,28 +119,36 @@ type situation struct {
 	retryDelay RetryDelayFunc
 }
 
-// attemptOf is the attempt number of this delivery: deliveries that
-// draining workers handed back are not attempts.
-func (s *situation) attemptOf() int { return max(1, s.delivered-s.rec.Handbacks) }
+// attemptOf is the attempt number of this delivery. Attempts are counted
+// in the record: an attempt is one a worker recorded as running. A
+// delivery that ended before it got that far (its worker died, NATS did
+// not answer, a draining worker handed it back) is not one.
+func (s *situation) attemptOf() int { return s.rec.Attempt + 1 }
 
-// firstLost is the first attempt lost with its worker before this delivery,
-// or 0 when none was: a running attempt that stopped without a word, and
-// any delivery that died before it started.
-func (s *situation) firstLost() int {
-	first := s.rec.Attempt + 1
-	if s.rec.State == job.StateRunning {
-		first = s.rec.Attempt
-	}
-	if first >= 1 && first < s.attemptOf() {
-		return first
-	}
-	return 0
-}
+// orphan reports whether the record says an attempt runs that nothing runs
+// any more: its worker died, or was cut off for longer than the ack wait.
+func (s *situation) orphan() bool { return s.rec.State == job.StateRunning && !s.ownerRuns }
 
 // needsResult reports whether decide must be given the job's stored result:
-// when earlier deliveries were lost, one may have got as far as publishing
-// it.
-func (s *situation) needsResult() bool { return s.outcome == nil && s.firstLost() > 0 }
+// an attempt that was lost may have got as far as publishing it.
+func (s *situation) needsResult() bool { return s.outcome == nil && s.rec.State == job.StateRunning }
+
+// needsOwner reports whether decide must be told if the worker recorded as
+// running the job still runs it.
+func (s *situation) needsOwner(self string) bool {
+	return s.outcome == nil && s.rec.State == job.StateRunning && s.rec.WorkerID != self
+}
+
+// lostSoFar counts the attempts of the job lost to the fleet itself.
+func lostSoFar(h []job.Attempt) int {
+	n := 0
+	for _, a := range h {
+		if a.Failure != nil && a.Failure.Code == job.CodeWorkerLost {
+			n++
+		}
+	}
+	return n
+}
 
 // decide says what to do with a delivery: before the attempt runs when
 // s.outcome is nil, after it ran otherwise.
@@ -166,48 +179,52 @@ func decideDelivery(s *situation) action {
 	}
 
 	var a action
-	last := rec.Failure
-	if first := s.firstLost(); first > 0 {
-		if s.result != nil {
-			// An earlier delivery got as far as publishing the result.
+	lost, last := lostSoFar(rec.History), rec.Failure
+	if rec.State == job.StateRunning {
+		switch {
+		case s.result != nil:
+			// The attempt got as far as publishing the result.
 			return action{verb: doConclude, attempt: n, result: s.result}
+		case s.ownerRuns:
+			// Its worker still runs it and will settle it; JetStream
+			// delivered it again because that worker's progress did not
+			// reach it for a while. Look again later.
+			return action{verb: doLater, attempt: n, delay: s.recheck,
+				why: fmt.Sprintf("worker %s still runs attempt %d", rec.WorkerID, rec.Attempt)}
 		}
-		for k := first; k < n; k++ {
-			lost := job.Attempt{Attempt: k, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
-				"attempt %d was delivered to a worker that stopped before it started", k)}
-			if k == rec.Attempt && rec.State == job.StateRunning {
-				lost.WorkerID, lost.StartedAt = rec.WorkerID, rec.StartedAt
-				lost.Failure.Message = fmt.Sprintf("worker %s stopped responding during attempt %d", rec.WorkerID, k)
-			}
-			a.lost = append(a.lost, lost)
-			last = lost.Failure
-		}
-		if !req.Retry.Retries(job.ClassInfrastructure, nil) || n-1 >= req.Retry.MaxAttempts {
-			f := finish(n, n-1, job.StatusFailed, last)
-			f.lost = a.lost
-			return f
+		k := rec.Attempt
+		f := job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "worker %s stopped responding during attempt %d", rec.WorkerID, k)
+		a.lost = []job.Attempt{{Attempt: k, WorkerID: rec.WorkerID, StartedAt: rec.StartedAt, Failure: f}}
+		lost, last = lost+1, f
+		if lost > *req.Retry.MaxLost {
+			f.Message += fmt.Sprintf("; %d attempts were lost, more than max_lost %d", lost, *req.Retry.MaxLost)
+			act := finish(n, k, job.StatusFailed, f)
+			act.lost = a.lost
+			return act
 		}
 		a.restart = true
 	}
 	switch {
-	case n > req.Retry.MaxAttempts:
+	case n-lost > req.Retry.MaxAttempts:
+		// Only a change of policy between deliveries gets here.
 		if last == nil {
-			last = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "delivered %d times without finishing", n-1)
+			last = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "%d attempts ran without finishing", n-1)
 		}
-		f := finish(n, n-1, job.StatusFailed, last)
-		f.lost = a.lost
-		return f
+		act := finish(n, n-1, job.StatusFailed, last)
+		act.lost = a.lost
+		return act
 	case s.refused != nil:
-		f := finish(n, n, job.StatusFailed, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", s.refused))
-		f.lost = a.lost
-		return f
+		act := finish(n, n, job.StatusFailed, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", s.refused))
+		act.lost = a.lost
+		return act
 	}
 	a.verb, a.attempt = doRun, n
 	return a
 }
 
 func decideOutcome(s *situation) action {
-	n, out := s.attemptOf(), s.outcome
+	// The record says which attempt ran: it was written when it began.
+	n, out := s.rec.Attempt, s.outcome
 	if s.handedBack && out.Status != job.StatusSucceeded {
 		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
 	}
@@ -229,7 +246,7 @@ func decideOutcome(s *situation) action {
 // job's deadline ends the job timed out instead.
 func retryPlan(s *situation, n int, out *executor.Outcome) (action, bool) {
 	p, f := s.req.Retry, out.Failure
-	if f == nil || n >= p.MaxAttempts {
+	if f == nil || n-lostSoFar(s.rec.History) >= p.MaxAttempts {
 		return action{}, false
 	}
 	memory := ""

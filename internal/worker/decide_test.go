@@ -44,23 +44,22 @@ func TestDecide(t *testing.T) {
 	}{
 		{
 			name: "a first delivery runs attempt 1",
-			s:    situation{rec: queued(), req: request(nil), delivered: 1},
+			s:    situation{rec: queued(), req: request(nil)},
 			want: action{verb: doRun, attempt: 1},
 		},
 		{
 			name: "a draining worker hands the job back",
-			s:    situation{rec: queued(), req: request(nil), delivered: 1, draining: true},
+			s:    situation{rec: queued(), req: request(nil), draining: true},
 			want: action{verb: doHandBack, attempt: 1},
 		},
 		{
 			name: "a copy of a finished job is acknowledged",
-			s:    situation{rec: &job.Record{ID: "j", State: job.StateSucceeded, Attempt: 1}, req: request(nil), delivered: 2},
+			s:    situation{rec: &job.Record{ID: "j", State: job.StateSucceeded, Attempt: 1}, req: request(nil)},
 			want: action{verb: doAck, attempt: 2},
 		},
 		{
 			name: "a cancel that raced the delivery finishes the job cancelled",
-			s: situation{rec: &job.Record{ID: "j", State: job.StateQueued, CancelRequested: true}, req: request(nil),
-				delivered: 1},
+			s:    situation{rec: &job.Record{ID: "j", State: job.StateQueued, CancelRequested: true}, req: request(nil)},
 			want: action{verb: doFinish, attempt: 1, attempts: 0},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
@@ -69,7 +68,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a job past its deadline is finished timed out",
 			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(30 * time.Second); r.Deadline = &d }),
-				submitted: sub, delivered: 1},
+				submitted: sub},
 			want: action{verb: doFinish, attempt: 1, attempts: 0},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
@@ -78,7 +77,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a job queued longer than its queue_timeout is finished timed out",
 			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }),
-				submitted: sub, delivered: 1},
+				submitted: sub},
 			want: action{verb: doFinish, attempt: 1, attempts: 0},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout)
@@ -87,12 +86,12 @@ func TestDecide(t *testing.T) {
 		{
 			name: "queue_timeout does not apply once the job has started",
 			s: situation{rec: &job.Record{ID: "j", State: job.StateRetrying, Attempt: 1, StartedAt: &started},
-				req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }), submitted: sub, delivered: 2},
+				req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }), submitted: sub},
 			want: action{verb: doRun, attempt: 2},
 		},
 		{
 			name: "a lost attempt is recorded and the next one runs at once",
-			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassInfrastructure} }), delivered: 2},
+			s:    situation{rec: runningOn("w1", 1), req: request(nil)},
 			want: action{verb: doRun, attempt: 2, restart: true},
 			check: func(t *testing.T, a action) {
 				if len(a.lost) != 1 || a.lost[0].Attempt != 1 || a.lost[0].WorkerID != "w1" || a.lost[0].Failure.Code != job.CodeWorkerLost ||
@@ -102,34 +101,50 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
-			name: "a delivery that died before it started is lost too",
-			s:    situation{rec: queued(), req: request(nil), delivered: 2},
-			want: action{verb: doRun, attempt: 2, restart: true},
+			name: "a job whose worker still runs it is left to that worker",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), ownerRuns: true, recheck: 30 * time.Second},
+			want: action{verb: doLater, attempt: 2, delay: 30 * time.Second},
+		},
+		{
+			name: "a delivery that ended before its attempt was recorded is not an attempt",
+			s:    situation{rec: queued(), req: request(nil)},
+			want: action{verb: doRun, attempt: 1},
 			check: func(t *testing.T, a action) {
-				if len(a.lost) != 1 || a.lost[0].Attempt != 1 || a.lost[0].WorkerID != "" {
+				if len(a.lost) != 0 {
 					t.Errorf("lost %+v", a.lost)
 				}
 			},
 		},
 		{
 			name: "a lost attempt whose result was published concludes with it",
-			s:    situation{rec: runningOn("w1", 1), req: request(nil), delivered: 2, result: stored},
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), result: stored},
 			want: action{verb: doConclude, attempt: 2, result: stored},
 		},
 		{
-			name: "a lost last attempt fails the job",
-			s:    situation{rec: runningOn("w1", 3), req: request(nil), delivered: 4},
-			want: action{verb: doFinish, attempt: 4, attempts: 3},
+			name: "a lost attempt does not use up max_attempts",
+			s:    situation{rec: runningOn("w1", 3), req: request(nil)},
+			want: action{verb: doRun, attempt: 4, restart: true},
+		},
+		{
+			name: "lost attempts are run again whatever retry_on says",
+			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{} })},
+			want: action{verb: doRun, attempt: 2, restart: true},
+		},
+		{
+			name: "more lost attempts than max_lost fail the job",
+			s: situation{rec: withHistory(runningOn("w4", 4), lostAttempt(1), lostAttempt(2), lostAttempt(3)),
+				req: request(nil)},
+			want: action{verb: doFinish, attempt: 5, attempts: 4},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
-				if len(a.lost) != 1 {
-					t.Errorf("lost %+v", a.lost)
+				if len(a.lost) != 1 || a.lost[0].Attempt != 4 || !strings.Contains(a.outcome.Failure.Message, "max_lost 3") {
+					t.Errorf("lost %+v, failure %+v", a.lost, a.outcome.Failure)
 				}
 			},
 		},
 		{
-			name: "a lost attempt is not retried when infrastructure failures are not",
-			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassExecution} }), delivered: 2},
+			name: "with max_lost 0 the first lost attempt fails the job",
+			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { zero := 0; r.Retry.MaxLost = &zero })},
 			want: action{verb: doFinish, attempt: 2, attempts: 1},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
@@ -137,12 +152,12 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "hand-backs are not attempts",
-			s:    situation{rec: &job.Record{ID: "j", State: job.StateQueued, Handbacks: 2}, req: request(nil), delivered: 3},
+			s:    situation{rec: &job.Record{ID: "j", State: job.StateQueued, Handbacks: 2}, req: request(nil)},
 			want: action{verb: doRun, attempt: 1},
 		},
 		{
 			name: "a request the executor refuses is rejected",
-			s:    situation{rec: queued(), req: request(nil), delivered: 1, refused: errors.New("docker executor cannot run it: no image")},
+			s:    situation{rec: queued(), req: request(nil), refused: errors.New("docker executor cannot run it: no image")},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassRejected, job.CodeInvalid)
@@ -150,51 +165,57 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "a succeeded attempt finishes the job",
-			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1,
+			s: situation{rec: runningOn("w", 1), req: request(nil),
 				outcome: &executor.Outcome{Status: job.StatusSucceeded, ExitCode: exit(0)}},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
 		{
 			name: "a failed attempt with attempts left is retried after the backoff",
-			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now,
 				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
 			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second},
 		},
 		{
+			name: "a lost attempt leaves the attempts that failed their budget",
+			s: situation{rec: withHistory(runningOn("w", 3), lostAttempt(1)), req: request(nil), now: now,
+				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+			want: action{verb: doRetry, attempt: 3, delay: 9 * time.Second},
+		},
+		{
 			name: "the last attempt's failure is the job's",
-			s: situation{rec: runningOn("w", 3), req: request(nil), delivered: 3, now: now,
+			s: situation{rec: runningOn("w", 3), req: request(nil), now: now,
 				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
 			want: action{verb: doFinish, attempt: 3, attempts: 3},
 		},
 		{
 			name: "a non-retryable exit code is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.NonRetryableExitCodes = []int{2} }),
-				delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(2))},
+				now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(2))},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
 		{
 			name: "a class not in retry_on is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassTimeout} }),
-				delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+				now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
 		{
 			name: "an OOM is retried with more memory",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.OOMMemoryMultiplier = 2 }),
-				delivered: 1, now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
+				now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
 			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second, memory: "512Mi"},
 		},
 		{
 			name: "an OOM at the memory cap is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) {
 				r.Retry.OOMMemoryMultiplier, r.Retry.MaxMemory = 2, "256Mi"
-			}), delivered: 1, now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
+			}), now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
 		{
 			name: "a retry that could not start before the deadline times the job out",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { d := job.Duration(61 * time.Second); r.Deadline = &d }),
-				submitted: sub, delivered: 1, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
+				submitted: sub, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
@@ -202,7 +223,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "a timeout cut short by the deadline is the deadline's",
-			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.MaxAttempts = 1 }), delivered: 1, now: now,
+			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.MaxAttempts = 1 }), now: now,
 				outcome: failed(job.ClassTimeout, job.CodeAttemptTimeout, nil), deadlineBound: true},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 			check: func(t *testing.T, a action) {
@@ -211,19 +232,19 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "an attempt stopped for a drain hands the job back",
-			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now, handedBack: true,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedBack: true,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "drain")}},
 			want: action{verb: doHandBack, attempt: 1},
 		},
 		{
 			name: "an attempt that succeeded while the worker drained is kept",
-			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now, handedBack: true,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedBack: true,
 				outcome: &executor.Outcome{Status: job.StatusSucceeded}},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
 		{
 			name: "a cancelled attempt finishes the job cancelled",
-			s: situation{rec: runningOn("w", 1), req: request(nil), delivered: 1, now: now,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "stop")}},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
@@ -250,6 +271,15 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+}
+
+func withHistory(r *job.Record, h ...job.Attempt) *job.Record {
+	r.History = append(r.History, h...)
+	return r
+}
+
+func lostAttempt(n int) job.Attempt {
+	return job.Attempt{Attempt: n, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "lost")}
 }
 
 func wantFailure(t *testing.T, a action, status job.Status, class job.FailureClass, code string) {

@@ -81,6 +81,13 @@ type Reservation struct {
 	StartedAt   time.Time
 }
 
+// Holder is implemented by a Capacity that can tell whether another worker
+// still runs an attempt: a job recorded as running is then left to it,
+// rather than run again, when JetStream delivers it to another worker.
+type Holder interface {
+	Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error)
+}
+
 // Room is implemented by a Capacity that knows how many more jobs of the
 // default size the worker's resources hold; the worker pulls no more.
 type Room interface {
