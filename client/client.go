@@ -11,6 +11,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,8 +79,13 @@ type RejectedError struct {
 func (e *RejectedError) Error() string { return "rejected: " + e.Reason }
 
 // Submit sends a request and returns the dispatcher's answer. A refused
-// request is a *RejectedError. Without a deadline on ctx it waits 10s.
+// request is a *RejectedError. A request without an id is given one, so
+// that it can be sent again safely (see SubmitJSON). Without a deadline on
+// ctx it tries for 30 seconds.
 func (c *Client) Submit(ctx context.Context, r *job.Request) (*Submission, error) {
+	if r.ID == "" {
+		r.ID = job.NewID()
+	}
 	data, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
@@ -88,18 +94,29 @@ func (c *Client) Submit(ctx context.Context, r *job.Request) (*Submission, error
 }
 
 // SubmitJSON sends a request document as is, so that the dispatcher, not
-// the client, judges it.
+// the client, judges it; only a missing id is added.
+//
+// A submission whose answer does not come (a timeout, no dispatcher
+// answering while NATS elects a leader, a reconnect) is sent again with
+// the same id until ctx ends: the job is submitted at least once, and the
+// fleet runs one job, with one result, per id. When the first try had been
+// taken, the answer says Duplicate. Without a deadline on ctx it tries for
+// 30 seconds.
 func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, error) {
-	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
+	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The producer's trace, if it has one, goes on into the fleet.
 	msg := nats.NewMsg(c.names.Submit())
-	msg.Data = data
+	msg.Data = withID(data)
 	otel.GetTextMapPropagator().Inject(ctx, queue.HeaderCarrier(msg.Header))
 	if len(msg.Header) == 0 {
 		msg.Header = nil
 	}
-	m, err := c.nc.RequestMsgWithContext(ctx, msg)
+	var m *nats.Msg
+	err := queue.Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = c.nc.RequestMsgWithContext(ctx, msg)
+		return err
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}
@@ -111,6 +128,26 @@ func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, erro
 		return nil, &RejectedError{JobID: reply.JobID, Reason: reply.Error}
 	}
 	return &reply, nil
+}
+
+// withID gives a request document without an id a new one. A document
+// that is not a JSON object is left as it is, for the dispatcher to refuse.
+func withID(data []byte) []byte {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(data, &doc) != nil || doc == nil {
+		return data
+	}
+	if id, ok := doc["id"]; ok && string(id) != `""` && string(id) != "null" {
+		return data
+	}
+	doc["id"], _ = json.Marshal(job.NewID())
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false) // the document stays the size it was, but for the id
+	if enc.Encode(doc) != nil {
+		return data
+	}
+	return bytes.TrimRight(out.Bytes(), "\n")
 }
 
 // Status is a job's record and, once it has one, its result.

@@ -412,3 +412,56 @@ func processesWith(s string) []int {
 	}
 	return pids
 }
+
+// TestSubmitIsSentAgainUntilADispatcherAnswers submits while no dispatcher
+// runs: the client sends the request again with the same id until one
+// answers, and the fleet runs one job, with one result, for it.
+func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
+	f := fleettest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := f.Dispatcher.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Worker(t, processExec(t), worker.Config{Slots: 2})
+
+	type answer struct {
+		s   *client.Submission
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		s, err := f.Client.Submit(ctx, &job.Request{ID: "retried", Command: []string{"true"}})
+		done <- answer{s, err}
+	}()
+	time.Sleep(4 * time.Second) // more than one try's timeout
+	select {
+	case a := <-done:
+		t.Fatalf("answered with no dispatcher running: %+v %v", a.s, a.err)
+	default:
+	}
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_HTTP_ADDR=127.0.0.1:0", "FLEET_REDIS_URL="}
+	fleettest.StartProc(t, "dispatcher", env).WaitOutput(t, "dispatcher ready", 20*time.Second)
+	a := <-done
+	if a.err != nil || a.s.JobID != "retried" {
+		t.Fatalf("submit: %+v %v", a.s, a.err)
+	}
+	again, err := f.Client.Submit(ctx, &job.Request{ID: "retried", Command: []string{"true"}})
+	if err != nil || !again.Duplicate {
+		t.Fatalf("the same id again: %+v %v, want a duplicate", again, err)
+	}
+	if r := f.Await(t, "retried", 20*time.Second); r.Status != job.StatusSucceeded || r.Attempts != 1 {
+		t.Fatalf("result %s after %d attempts", r.Status, r.Attempts)
+	}
+	// Every copy the client sent is settled, and none ran again.
+	time.Sleep(time.Second)
+	js, _ := jetstream.New(f.NATS.Connect(t))
+	info, err := js.Stream(ctx, "FLEET_RESULTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := info.Info(ctx, jetstream.WithSubjectFilter("fleet.results.retried"))
+	if err != nil || st.State.Msgs != 1 {
+		t.Fatalf("%d results for the job (%v)", st.State.Msgs, err)
+	}
+}
