@@ -20,7 +20,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/embedded"
@@ -81,7 +84,7 @@ func run(args []string) error {
 	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
 	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
 	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
-	fs.StringVar(&f.admission, "admission", capacity.AdmitReject,
+	fs.StringVar(&f.admission, "admission", monitor.AdmitReject,
 		"a request no live worker of its pool could ever run: reject, queue (with a warning; for pools that scale from zero) or off")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "the workers' heartbeat interval; the reaper looks this often")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "file of bearer tokens for the HTTP API, one per line")
@@ -134,11 +137,15 @@ func run(args []string) error {
 	var caps *capacity.Store
 	var admission dispatcher.Admission
 	if f.redisURL != "" {
+		// go-redis' global logger: its lines go to debug, since admission
+		// and the reaper report an outage themselves (set here, not by the
+		// package).
+		redis.SetLogger(capacity.LibraryLogger(log))
 		if caps, err = capacity.Open(f.redisURL, f.prefix, f.redisTLS); err != nil {
 			return err
 		}
 		defer caps.Close()
-		adm, err := capacity.NewAdmission(caps, f.admission, log)
+		adm, err := monitor.NewAdmission(caps, f.admission, log)
 		if err != nil {
 			return err
 		}
@@ -180,7 +187,7 @@ func run(args []string) error {
 	api.Handle("GET /metrics", tel.Metrics)
 	if caps != nil {
 		api.ServeCapacity(caps)
-		go capacity.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
+		go monitor.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
 	}
 	if f.pprof {
 		api.Handle("/debug/pprof/", http.DefaultServeMux)

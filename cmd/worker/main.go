@@ -21,7 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/ledger"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/docker"
@@ -167,29 +170,32 @@ func run(args []string) error {
 		Logger: log,
 	}.WithDefaults()
 	var w *worker.Worker
-	var reporter *capacity.Reporter
+	var led *ledger.Ledger
 	if f.redisURL != "" {
-		rc, err := reporterConfig(&f, cfg, exec)
+		lc, err := ledgerConfig(&f, cfg, exec)
 		if err != nil {
 			return err
 		}
-		rc.Draining = func() bool { return w != nil && w.Draining() }
-		rc.Logger = log
+		lc.Draining = func() bool { return w != nil && w.Draining() }
+		lc.Logger = log
+		// go-redis' global logger: its lines go to debug, since the ledger
+		// reports an outage once itself (set here, not by the package).
+		redis.SetLogger(capacity.LibraryLogger(log))
 		caps, err := capacity.Open(f.redisURL, f.prefix, f.redisTLS)
 		if err != nil {
 			return err
 		}
 		defer caps.Close()
-		reporter = capacity.NewReporter(caps, rc)
-		cfg.Capacity = reporter
+		led = ledger.New(caps, lc)
+		cfg.Capacity = led
 	}
 	if w, err = worker.New(nc, exec, cfg); err != nil {
 		return err
 	}
 	setup, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if reporter != nil {
-		reporter.Start(setup)
+	if led != nil {
+		led.Start(setup)
 	}
 	if err := w.Start(setup); err != nil {
 		return err
@@ -227,18 +233,18 @@ func run(args []string) error {
 		dcancel()
 	}()
 	_ = w.Stop(dctx)
-	if reporter != nil {
+	if led != nil {
 		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Second)
-		reporter.Stop(rctx)
+		led.Stop(rctx)
 		rcancel()
 	}
 	_ = nc.Drain()
 	return nil
 }
 
-// reporterConfig turns the capacity flags into the Reporter's config.
-func reporterConfig(f *flags, cfg worker.Config, exec executor.Executor) (capacity.ReporterConfig, error) {
-	rc := capacity.ReporterConfig{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
+// ledgerConfig turns the capacity flags into the Ledger's config.
+func ledgerConfig(f *flags, cfg worker.Config, exec executor.Executor) (ledger.Config, error) {
+	rc := ledger.Config{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
 		Slots: cfg.Slots, GPUs: f.gpus, Interval: f.heartbeat}
 	if p, ok := exec.(executor.CapacityReader); ok {
 		rc.Platform = p

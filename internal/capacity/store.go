@@ -1,9 +1,13 @@
-// Package capacity keeps the fleet's capacity in Redis: every worker's
-// heartbeat (its capacity-heartbeat document, with a TTL of three
-// intervals), an index of the live workers of each pool, and each worker's
-// slot leases, reserved and released atomically by Lua scripts. A worker
-// that stops heartbeating loses its leases when their key expires; its
-// jobs come back through JetStream redelivery.
+// Package capacity is the fleet's capacity model in Redis, shared by both
+// sides: every worker's heartbeat (its capacity-heartbeat document, with a
+// TTL of three intervals), an index of the live workers of each pool, and
+// each worker's slot leases, reserved and released atomically by Lua
+// scripts. A worker that stops heartbeating loses its leases when their key
+// expires; its jobs come back through JetStream redelivery.
+//
+// The worker's side (local accounting, batched leases, the heartbeat) is
+// the package ledger; the dispatcher's (admission, the reaper, the
+// overview) is the package monitor. This package knows neither.
 //
 // Keys, for the prefix "fleet":
 //
@@ -30,13 +34,6 @@ import (
 
 	"github.com/fleet-dev/fleet/job"
 )
-
-// go-redis logs every failed dial; the fleet reports an outage once, itself.
-func init() { redis.SetLogger(quiet{}) }
-
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
 
 // Store is the fleet's capacity in Redis.
 type Store struct {
@@ -146,18 +143,6 @@ func (s *Store) Workers(ctx context.Context, pool string) ([]*job.Heartbeat, err
 	return out, nil
 }
 
-// Lease is one attempt's hold on a worker's capacity.
-type Lease struct {
-	JobID       string    `json:"job_id"`
-	Attempt     int       `json:"attempt"`
-	CPUMilli    int64     `json:"cpu_milli"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	GPUs        int       `json:"gpus"`
-	StartedAt   time.Time `json:"started_at"`
-}
-
-func (l Lease) field() string { return fmt.Sprintf("l:%s/%d", l.JobID, l.Attempt) }
-
 // Leases reads a worker's leases as Redis holds them.
 func (s *Store) Leases(ctx context.Context, worker string) ([]Lease, error) {
 	m, err := s.rdb.HGetAll(ctx, s.slotsKey(worker)).Result()
@@ -211,19 +196,20 @@ func (s *Store) Usage(ctx context.Context, worker string) (Usage, error) {
 	return Usage{Slots: int(n(0)), SlotsUsed: int(n(1)), CPUUsed: n(2), MemUsed: n(3), GPUsUsed: int(n(4))}, nil
 }
 
-// lastHeartbeat reads what a worker last reported, after its heartbeat
-// expired.
-func (s *Store) lastHeartbeat(ctx context.Context, worker string) (*job.Heartbeat, error) {
+// LastHeartbeat reads what a worker last reported, which outlives its
+// heartbeat: the reaper reads it after the worker died. Nil when there is
+// none.
+func (s *Store) LastHeartbeat(ctx context.Context, worker string) (*job.Heartbeat, error) {
 	data, err := s.rdb.Get(ctx, s.lastKey(worker)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the last heartbeat of %s: %w", worker, err)
 	}
 	var hb job.Heartbeat
 	if err := json.Unmarshal(data, &hb); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("decode the last heartbeat of %s: %w", worker, err)
 	}
 	return &hb, nil
 }

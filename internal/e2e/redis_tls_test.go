@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/ledger"
 	"github.com/fleet-dev/fleet/internal/redistest"
 )
 
@@ -36,7 +37,7 @@ func TestRedisWithAuthAndTLS(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("with the password and the CA: %v", err)
 	}
-	r := capacity.NewReporter(s, capacity.ReporterConfig{WorkerID: "tls-worker", Pool: "secure", Backend: "process",
+	r := ledger.New(s, ledger.Config{WorkerID: "tls-worker", Pool: "secure", Backend: "process",
 		Slots: 2, Interval: 200 * time.Millisecond})
 	r.Start(ctx)
 	defer r.Stop(ctx)
