@@ -63,8 +63,7 @@ type flags struct {
 	metricsAddr  string
 	maxOutput    int64
 	pprof        bool
-	redisURL     string
-	redisTLS     capacity.TLS
+	redis        cli.RedisFlags
 	heartbeat    time.Duration
 	cpu, memory  string
 	gpus         int
@@ -104,10 +103,7 @@ func run(args []string) error {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
 	fs.Int64Var(&f.maxOutput, "max-output-bytes", 512<<10, "largest total size of an attempt's declared outputs")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
-	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for heartbeats and slot leases (redis:// or rediss://; empty: none)")
-	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
-	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
-	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
+	f.redis.Register(fs, "Redis for heartbeats and slot leases")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "how often the worker reports its capacity; it is forgotten after three intervals")
 	fs.StringVar(&f.cpu, "cpu", "", "CPU the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
 	fs.StringVar(&f.memory, "memory", "", "memory the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
@@ -171,7 +167,7 @@ func run(args []string) error {
 	}.WithDefaults()
 	var w *worker.Worker
 	var led *ledger.Ledger
-	if f.redisURL != "" {
+	if f.redis.URL != "" {
 		lc, err := ledgerConfig(&f, cfg, exec)
 		if err != nil {
 			return err
@@ -181,7 +177,7 @@ func run(args []string) error {
 		// go-redis' global logger: its lines go to debug, since the ledger
 		// reports an outage once itself (set here, not by the package).
 		redis.SetLogger(capacity.LibraryLogger(log))
-		caps, err := capacity.Open(f.redisURL, f.prefix, f.redisTLS)
+		caps, err := f.redis.Open(f.prefix)
 		if err != nil {
 			return err
 		}

@@ -16,10 +16,12 @@ import (
 	"github.com/fleet-dev/fleet/internal/redistest"
 )
 
-// stores runs a test against a real redis-server and against the
-// embedded Redis-protocol store: the same Lua must behave the same.
+// stores runs a test against a real redis-server, a real Redis Cluster of
+// three masters, and the embedded Redis-protocol store: the same Lua must
+// behave the same.
 func stores(t *testing.T, run func(t *testing.T, url string)) {
 	t.Run("redis-server", func(t *testing.T) { run(t, redistest.Start(t).URL()) })
+	t.Run("cluster", func(t *testing.T) { run(t, redistest.StartCluster(t, 3).URL()) })
 	t.Run("embedded", func(t *testing.T) {
 		addr := freeAddr(t)
 		r, err := embedded.StartRedis("redis://" + addr + "/0")
@@ -33,7 +35,7 @@ func stores(t *testing.T, run func(t *testing.T, url string)) {
 
 func open(t *testing.T, url string) *Store {
 	t.Helper()
-	s, err := Open(url, "fleettest")
+	s, err := Open(url, Config{Prefix: "fleettest"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func FuzzOpenHidesPassword(f *testing.F) {
 		quoted := strings.Trim(strconv.Quote(password), `"`)
 		for _, scheme := range []string{"redis://", "rediss://"} {
 			url := scheme + user + ":" + password + "@" + host + "/0"
-			s, err := capacity.Open(url, "")
+			s, err := capacity.Open(url, capacity.Config{})
 			if err == nil {
 				_ = s.Close()
 				continue

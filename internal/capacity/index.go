@@ -40,7 +40,7 @@ func (s *Store) Unindex(ctx context.Context, pool, worker string) (bool, error) 
 }
 
 // Forget removes what a dead worker left: its last heartbeat and its
-// leases.
+// leases (one DEL: they share a slot).
 func (s *Store) Forget(ctx context.Context, worker string) error {
 	if err := s.rdb.Del(ctx, s.lastKey(worker), s.slotsKey(worker)).Err(); err != nil {
 		return fmt.Errorf("forget %s: %w", worker, err)

@@ -89,33 +89,45 @@ func (s *Store) Beat(ctx context.Context, b Beat) error {
 		return fmt.Errorf("encode heartbeat: %w", err)
 	}
 	id := hb.WorkerID
+	keys := []string{s.slotsKey(id)}
 	args := syncArgs(b.LeaseTTL, b.Totals, b.Leases)
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	// A pipeline, not a transaction: the pool's keys and the worker's lie
+	// in different slots of a Cluster. Each command stands alone.
+	var sync *redis.Cmd
+	cmds, _ := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, s.hbKey(id), data, b.TTL)
 		p.Set(ctx, s.lastKey(id), data, 0)
 		p.ZAdd(ctx, s.poolKey(hb.Pool), redis.Z{Score: float64(time.Now().UnixMilli()), Member: id})
 		p.SAdd(ctx, s.poolsKey(), hb.Pool)
-		syncScript.Run(ctx, p, []string{s.slotsKey(id)}, args...)
+		sync = syncScript.EvalSha(ctx, p, keys, args...)
 		return nil
 	})
-	if isNoScript(err) {
-		// The script cache was flushed (a Redis restart): load and retry.
-		if lerr := syncScript.Load(ctx, s.rdb).Err(); lerr == nil {
-			err = syncScript.Run(ctx, s.rdb, []string{s.slotsKey(id)}, args...).Err()
+	for _, c := range cmds {
+		if c == redis.Cmder(sync) && isNoScript(c.Err()) {
+			// The server does not have the script cached: it restarted, or
+			// a replica became master (scripts are not replicated to its
+			// cache). EVAL runs it and caches it.
+			if err := syncScript.Eval(ctx, s.rdb, keys, args...).Err(); err != nil {
+				return fmt.Errorf("heartbeat of %s: %w", id, err)
+			}
+			continue
 		}
-	}
-	if err != nil {
-		return fmt.Errorf("heartbeat of %s: %w", id, err)
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("heartbeat of %s: %w", id, err)
+		}
 	}
 	return nil
 }
 
-// Remove takes a worker out of Redis: its keys and its pool's index entry.
+// Remove takes a worker out of Redis: its keys (one DEL: they share a
+// slot) and its pool's index entry, pipelined.
 func (s *Store) Remove(ctx context.Context, worker, pool string) error {
-	p := s.rdb.TxPipeline()
-	p.Del(ctx, s.hbKey(worker), s.lastKey(worker), s.slotsKey(worker))
-	p.ZRem(ctx, s.poolKey(pool), worker)
-	if _, err := p.Exec(ctx); err != nil {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, s.hbKey(worker), s.lastKey(worker), s.slotsKey(worker))
+		p.ZRem(ctx, s.poolKey(pool), worker)
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("remove %s: %w", worker, err)
 	}
 	return nil

@@ -28,7 +28,7 @@ import (
 
 func openCapacity(t *testing.T, url string) *capacity.Store {
 	t.Helper()
-	s, err := capacity.Open(url, "fleet")
+	s, err := capacity.Open(url, capacity.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,9 +27,9 @@ func TestRedisWithAuthAndTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	trust := capacity.TLS{CA: filepath.Join(dir, "ca.pem")}
+	trust := capacity.Config{TLS: capacity.TLS{CA: filepath.Join(dir, "ca.pem")}}
 
-	s, err := capacity.Open(rs.URL(), "fleet", trust)
+	s, err := capacity.Open(rs.URL(), trust)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,17 +45,17 @@ func TestRedisWithAuthAndTLS(t *testing.T) {
 		t.Fatalf("heartbeat over TLS: %v %v", hbs, err)
 	}
 
-	wrong, _ := capacity.Open(strings.Replace(rs.URL(), password, "not-"+password, 1), "fleet", trust)
+	wrong, _ := capacity.Open(strings.Replace(rs.URL(), password, "not-"+password, 1), trust)
 	defer wrong.Close()
 	if err := wrong.Ping(ctx); err == nil || strings.Contains(err.Error(), password) {
 		t.Errorf("with a wrong password: %v", err)
 	}
-	untrusted, _ := capacity.Open(rs.URL(), "fleet")
+	untrusted, _ := capacity.Open(rs.URL(), capacity.Config{})
 	defer untrusted.Close()
 	if err := untrusted.Ping(ctx); err == nil {
 		t.Error("a certificate from an unknown CA was trusted")
 	}
-	plain, _ := capacity.Open(strings.Replace(rs.URL(), "rediss://", "redis://", 1), "fleet")
+	plain, _ := capacity.Open(strings.Replace(rs.URL(), "rediss://", "redis://", 1), capacity.Config{})
 	defer plain.Close()
 	if err := plain.Ping(ctx); err == nil {
 		t.Error("a plain connection was served")

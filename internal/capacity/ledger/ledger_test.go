@@ -13,7 +13,7 @@ import (
 
 func open(t *testing.T, url string) *capacity.Store {
 	t.Helper()
-	s, err := capacity.Open(url, "fleettest")
+	s, err := capacity.Open(url, capacity.Config{Prefix: "fleettest"})
 	if err != nil {
 		t.Fatal(err)
 	}
