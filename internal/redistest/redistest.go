@@ -5,11 +5,16 @@
 package redistest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/internal/testenv"
 )
@@ -26,21 +31,30 @@ type Server struct {
 	conf string
 	// extra are more arguments (replication, cluster mode).
 	extra []string
+	// sentinel marks a Sentinel, whose password is opts.sentinelPassword.
+	sentinel bool
 }
 
 type options struct {
 	password           string
+	sentinelPassword   string
 	cert, key, caCerts string
 }
 
 // Option configures the server.
 type Option func(*options)
 
-// WithPassword requires AUTH with the password.
+// WithPassword requires AUTH with the password (on the Redis servers, not
+// on Sentinels).
 func WithPassword(pw string) Option { return func(o *options) { o.password = pw } }
 
+// WithSentinelPassword makes the Sentinels of StartSentinel require AUTH
+// with the password.
+func WithSentinelPassword(pw string) Option { return func(o *options) { o.sentinelPassword = pw } }
+
 // WithTLS serves TLS only, with the certificate and key files; clients are
-// not asked for certificates.
+// not asked for certificates. Replication, the cluster bus and Sentinels
+// speak TLS too.
 func WithTLS(cert, key, ca string) Option {
 	return func(o *options) { o.cert, o.key, o.caCerts = cert, key, ca }
 }
@@ -101,7 +115,10 @@ func (s *Server) Start() {
 	}
 	args = append(args, "--bind", "127.0.0.1", "--port", fmt.Sprint(s.port),
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "yes")
-	if s.opts.password != "" {
+	switch {
+	case s.sentinel && s.opts.sentinelPassword != "":
+		args = append(args, "--requirepass", s.opts.sentinelPassword)
+	case !s.sentinel && s.opts.password != "":
 		args = append(args, "--requirepass", s.opts.password, "--masterauth", s.opts.password)
 	}
 	if s.opts.cert != "" {
@@ -140,6 +157,25 @@ func (s *Server) Stop() {
 
 // Running reports whether the server was started and not stopped.
 func (s *Server) Running() bool { return s.cmd != nil }
+
+// options are the go-redis options of a client of this server, for the
+// helpers that watch it: TLS and the password as it is configured.
+func (s *Server) clientOptions() *redis.Options {
+	o := &redis.Options{Addr: s.Addr(), DialTimeout: time.Second, MaxRetries: -1, Password: s.opts.password}
+	if s.sentinel {
+		o.Password = s.opts.sentinelPassword
+	}
+	if s.opts.cert != "" {
+		pem, err := os.ReadFile(s.opts.caCerts)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return o
+}
 
 func freePort(t testing.TB) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
