@@ -12,8 +12,8 @@ import (
 // Stale lists the workers of pool whose last heartbeat in the pool's index
 // is older than before.
 func (s *Store) Stale(ctx context.Context, pool string, before time.Time) ([]string, error) {
-	max := strconv.FormatInt(before.UnixMilli(), 10)
-	ids, err := s.rdb.ZRangeByScore(ctx, s.poolKey(pool), &redis.ZRangeBy{Min: "-inf", Max: max}).Result()
+	until := strconv.FormatInt(before.UnixMilli(), 10)
+	ids, err := s.rdb.ZRangeByScore(ctx, s.poolKey(pool), &redis.ZRangeBy{Min: "-inf", Max: until}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list workers of %s: %w", pool, err)
 	}
