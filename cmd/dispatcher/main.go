@@ -18,9 +18,13 @@ import (
 	_ "net/http/pprof" // served only with --pprof
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/embedded"
@@ -51,8 +55,7 @@ type flags struct {
 	maxRequest  int
 	memoryStore bool
 	pprof       bool
-	redisURL    string
-	redisTLS    capacity.TLS
+	redis       cli.RedisFlags
 	admission   string
 	heartbeat   time.Duration
 	tokenFile   string
@@ -77,11 +80,8 @@ func run(args []string) error {
 	fs.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
-	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis holding the workers' heartbeats and slot leases (redis:// or rediss://; empty: no capacity)")
-	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
-	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
-	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
-	fs.StringVar(&f.admission, "admission", capacity.AdmitReject,
+	f.redis.Register(fs, "Redis holding the workers' heartbeats and slot leases")
+	fs.StringVar(&f.admission, "admission", monitor.AdmitReject,
 		"a request no live worker of its pool could ever run: reject, queue (with a warning; for pools that scale from zero) or off")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "the workers' heartbeat interval; the reaper looks this often")
 	fs.StringVar(&f.tokenFile, "api-token-file", "", "file of bearer tokens for the HTTP API, one per line")
@@ -121,8 +121,11 @@ func run(args []string) error {
 		}
 		defer ns.Shutdown()
 		log.Info("embedded NATS server started", "url", ns.ClientURL(), "store", filepath.Join(dir, "jetstream"))
-		if f.redisURL != "" {
-			rs, err := embedded.StartRedis(f.redisURL)
+		if f.redis.URL != "" {
+			if scheme, _, _ := strings.Cut(f.redis.URL, "://"); strings.Contains(scheme, "+") {
+				return errors.New("--embedded runs one Redis-protocol store: --redis-url must be redis://host:port/db, not a Sentinel or Cluster URL")
+			}
+			rs, err := embedded.StartRedis(f.redis.URL)
 			if err != nil {
 				return err
 			}
@@ -133,12 +136,16 @@ func run(args []string) error {
 
 	var caps *capacity.Store
 	var admission dispatcher.Admission
-	if f.redisURL != "" {
-		if caps, err = capacity.Open(f.redisURL, f.prefix, f.redisTLS); err != nil {
+	if f.redis.URL != "" {
+		// go-redis' global logger: its lines go to debug, since admission
+		// and the reaper report an outage themselves (set here, not by the
+		// package).
+		redis.SetLogger(capacity.LibraryLogger(log))
+		if caps, err = f.redis.Open(f.prefix); err != nil {
 			return err
 		}
 		defer caps.Close()
-		adm, err := capacity.NewAdmission(caps, f.admission, log)
+		adm, err := monitor.NewAdmission(caps, f.admission, log)
 		if err != nil {
 			return err
 		}
@@ -180,7 +187,7 @@ func run(args []string) error {
 	api.Handle("GET /metrics", tel.Metrics)
 	if caps != nil {
 		api.ServeCapacity(caps)
-		go capacity.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
+		go monitor.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
 	}
 	if f.pprof {
 		api.Handle("/debug/pprof/", http.DefaultServeMux)

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -25,7 +25,7 @@ func init() {
 				"(-o json: an array of pool documents with the heartbeat's field names).",
 			flags: poolFlag,
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-				var o capacity.Overview
+				var o monitor.Overview
 				if err := e.get(ctx, "/v1/capacity", pool, &o); err != nil {
 					return err
 				}

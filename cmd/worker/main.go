@@ -21,7 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/ledger"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/docker"
@@ -60,8 +63,7 @@ type flags struct {
 	metricsAddr  string
 	maxOutput    int64
 	pprof        bool
-	redisURL     string
-	redisTLS     capacity.TLS
+	redis        cli.RedisFlags
 	heartbeat    time.Duration
 	cpu, memory  string
 	gpus         int
@@ -101,10 +103,7 @@ func run(args []string) error {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
 	fs.Int64Var(&f.maxOutput, "max-output-bytes", 512<<10, "largest total size of an attempt's declared outputs")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
-	fs.StringVar(&f.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for heartbeats and slot leases (redis:// or rediss://; empty: none)")
-	fs.StringVar(&f.redisTLS.CA, "redis-ca", "", "with rediss://: CA bundle to verify Redis' certificate (default: the system's)")
-	fs.StringVar(&f.redisTLS.Cert, "redis-cert", "", "with rediss://: client certificate")
-	fs.StringVar(&f.redisTLS.Key, "redis-key", "", "with rediss://: client key")
+	f.redis.Register(fs, "Redis for heartbeats and slot leases")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 3*time.Second, "how often the worker reports its capacity; it is forgotten after three intervals")
 	fs.StringVar(&f.cpu, "cpu", "", "CPU the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
 	fs.StringVar(&f.memory, "memory", "", "memory the worker may hand out, as a quantity (default: what the backend has; unknown for processes)")
@@ -167,29 +166,32 @@ func run(args []string) error {
 		Logger: log,
 	}.WithDefaults()
 	var w *worker.Worker
-	var reporter *capacity.Reporter
-	if f.redisURL != "" {
-		rc, err := reporterConfig(&f, cfg, exec)
+	var led *ledger.Ledger
+	if f.redis.URL != "" {
+		lc, err := ledgerConfig(&f, cfg, exec)
 		if err != nil {
 			return err
 		}
-		rc.Draining = func() bool { return w != nil && w.Draining() }
-		rc.Logger = log
-		caps, err := capacity.Open(f.redisURL, f.prefix, f.redisTLS)
+		lc.Draining = func() bool { return w != nil && w.Draining() }
+		lc.Logger = log
+		// go-redis' global logger: its lines go to debug, since the ledger
+		// reports an outage once itself (set here, not by the package).
+		redis.SetLogger(capacity.LibraryLogger(log))
+		caps, err := f.redis.Open(f.prefix)
 		if err != nil {
 			return err
 		}
 		defer caps.Close()
-		reporter = capacity.NewReporter(caps, rc)
-		cfg.Capacity = reporter
+		led = ledger.New(caps, lc)
+		cfg.Capacity = led
 	}
 	if w, err = worker.New(nc, exec, cfg); err != nil {
 		return err
 	}
 	setup, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if reporter != nil {
-		reporter.Start(setup)
+	if led != nil {
+		led.Start(setup)
 	}
 	if err := w.Start(setup); err != nil {
 		return err
@@ -227,18 +229,18 @@ func run(args []string) error {
 		dcancel()
 	}()
 	_ = w.Stop(dctx)
-	if reporter != nil {
+	if led != nil {
 		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Second)
-		reporter.Stop(rctx)
+		led.Stop(rctx)
 		rcancel()
 	}
 	_ = nc.Drain()
 	return nil
 }
 
-// reporterConfig turns the capacity flags into the Reporter's config.
-func reporterConfig(f *flags, cfg worker.Config, exec executor.Executor) (capacity.ReporterConfig, error) {
-	rc := capacity.ReporterConfig{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
+// ledgerConfig turns the capacity flags into the Ledger's config.
+func ledgerConfig(f *flags, cfg worker.Config, exec executor.Executor) (ledger.Config, error) {
+	rc := ledger.Config{WorkerID: cfg.ID, Pool: cfg.Pool, Backend: f.executor, Version: version.Version,
 		Slots: cfg.Slots, GPUs: f.gpus, Interval: f.heartbeat}
 	if p, ok := exec.(executor.CapacityReader); ok {
 		rc.Platform = p

@@ -14,14 +14,14 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/embedded"
 	"github.com/fleet-dev/fleet/internal/redistest"
-	"github.com/fleet-dev/fleet/internal/worker"
-	"github.com/fleet-dev/fleet/job"
 )
 
-// stores runs a test against a real redis-server and against the
-// embedded Redis-protocol store: the same Lua must behave the same.
+// stores runs a test against a real redis-server, a real Redis Cluster of
+// three masters, and the embedded Redis-protocol store: the same Lua must
+// behave the same.
 func stores(t *testing.T, run func(t *testing.T, url string)) {
 	t.Run("redis-server", func(t *testing.T) { run(t, redistest.Start(t).URL()) })
+	t.Run("cluster", func(t *testing.T) { run(t, redistest.StartCluster(t, 3).URL()) })
 	t.Run("embedded", func(t *testing.T) {
 		addr := freeAddr(t)
 		r, err := embedded.StartRedis("redis://" + addr + "/0")
@@ -35,7 +35,7 @@ func stores(t *testing.T, run func(t *testing.T, url string)) {
 
 func open(t *testing.T, url string) *Store {
 	t.Helper()
-	s, err := Open(url, "fleettest")
+	s, err := Open(url, Config{Prefix: "fleettest"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,16 +47,14 @@ func ptr(v int64) *int64 { return &v }
 
 const hammerWorker = "hammered"
 
-var hammerTotals = totals{cpu: ptr(3000), mem: ptr(1 << 30), gpu: 1}
-
-const hammerSlots = 5
+var hammerTotals = Totals{Slots: 5, CPUMilli: ptr(3000), MemoryBytes: ptr(1 << 30), GPUs: 1}
 
 // hammer reserves and releases leases on one worker's hash as fast as it
 // can, and counts what it holds at once in held.
 func hammer(ctx context.Context, s *Store, name string, rounds int, held *atomic.Int64, refused *atomic.Int64) error {
 	for i := 0; i < rounds && ctx.Err() == nil; i++ {
 		l := Lease{JobID: fmt.Sprintf("%s-%d", name, i), Attempt: 1, CPUMilli: 1000, MemoryBytes: 256 << 20, GPUs: rand.IntN(2)}
-		out, err := s.apply(ctx, hammerWorker, time.Minute, []op{{lease: l}})
+		out, err := s.ApplyLeases(ctx, hammerWorker, time.Minute, []LeaseOp{{Lease: l}})
 		if err != nil {
 			return err
 		}
@@ -67,7 +65,7 @@ func hammer(ctx context.Context, s *Store, name string, rounds int, held *atomic
 		held.Add(1)
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		held.Add(-1)
-		if _, err := s.apply(ctx, hammerWorker, time.Minute, []op{{release: true, lease: l}}); err != nil {
+		if _, err := s.ApplyLeases(ctx, hammerWorker, time.Minute, []LeaseOp{{Release: true, Lease: l}}); err != nil {
 			return err
 		}
 	}
@@ -93,7 +91,7 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := syncScript.Run(ctx, s.rdb, []string{s.slotsKey(hammerWorker)},
-			syncArgs(time.Minute, hammerSlots, hammerTotals, nil)...).Err(); err != nil {
+			syncArgs(time.Minute, hammerTotals, nil)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 
@@ -125,7 +123,7 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if u.SlotsUsed > hammerSlots || u.CPUUsed > *hammerTotals.cpu || u.MemUsed > *hammerTotals.mem || u.GPUsUsed > hammerTotals.gpu {
+				if u.SlotsUsed > hammerTotals.Slots || u.CPUUsed > *hammerTotals.CPUMilli || u.MemUsed > *hammerTotals.MemoryBytes || u.GPUsUsed > hammerTotals.GPUs {
 					t.Errorf("over the worker's totals: %+v", u)
 				}
 				if h := held.Load(); h > maxSeen.Load() {
@@ -152,8 +150,8 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 		close(stop)
 		checks.Wait()
 
-		if maxSeen.Load() > hammerSlots {
-			t.Errorf("this process alone held %d leases at once; the worker has %d slots", maxSeen.Load(), hammerSlots)
+		if maxSeen.Load() > int64(hammerTotals.Slots) {
+			t.Errorf("this process alone held %d leases at once; the worker has %d slots", maxSeen.Load(), hammerTotals.Slots)
 		}
 		if refused.Load() == 0 {
 			t.Error("no reservation was ever refused: the limits were not exercised")
@@ -177,24 +175,24 @@ func TestLeaseScriptAnswers(t *testing.T) {
 			return Lease{JobID: id, Attempt: 1, CPUMilli: cpu, MemoryBytes: mem, GPUs: gpu}
 		}
 		// No totals yet: the worker has not written a heartbeat.
-		out, err := s.apply(ctx, "w", time.Minute, []op{{lease: l("a", 1, 1, 0)}})
+		out, err := s.ApplyLeases(ctx, "w", time.Minute, []LeaseOp{{Lease: l("a", 1, 1, 0)}})
 		if err != nil || out[0] != "unknown" {
 			t.Fatalf("before totals: %v %v", out, err)
 		}
 		if err := syncScript.Run(ctx, s.rdb, []string{s.slotsKey("w")},
-			syncArgs(time.Minute, 3, totals{cpu: ptr(2000), mem: nil, gpu: 1}, nil)...).Err(); err != nil {
+			syncArgs(time.Minute, Totals{Slots: 3, CPUMilli: ptr(2000), GPUs: 1}, nil)...).Err(); err != nil {
 			t.Fatal(err)
 		}
-		out, err = s.apply(ctx, "w", time.Minute, []op{
-			{lease: l("a", 1500, 1<<40, 0)}, // memory unknown: not limited
-			{lease: l("a", 1500, 1, 0)},     // the same lease again
-			{lease: l("b", 600, 1, 0)},      // 2100m > 2000m
-			{lease: l("c", 100, 1, 2)},      // 2 GPUs > 1
-			{release: true, lease: l("a", 0, 0, 0)},
-			{lease: l("b", 600, 1, 0)}, // fits once a is gone
-			{lease: l("d", 100, 1, 1)},
-			{lease: l("e", 100, 1, 0)},
-			{lease: l("f", 100, 1, 0)}, // a fourth lease: 3 slots
+		out, err = s.ApplyLeases(ctx, "w", time.Minute, []LeaseOp{
+			{Lease: l("a", 1500, 1<<40, 0)}, // memory unknown: not limited
+			{Lease: l("a", 1500, 1, 0)},     // the same lease again
+			{Lease: l("b", 600, 1, 0)},      // 2100m > 2000m
+			{Lease: l("c", 100, 1, 2)},      // 2 GPUs > 1
+			{Release: true, Lease: l("a", 0, 0, 0)},
+			{Lease: l("b", 600, 1, 0)}, // fits once a is gone
+			{Lease: l("d", 100, 1, 1)},
+			{Lease: l("e", 100, 1, 0)},
+			{Lease: l("f", 100, 1, 0)}, // a fourth lease: 3 slots
 		})
 		want := []string{"ok", "dup", "no:cpu", "no:gpu", "ok", "ok", "ok", "no:slots"}
 		if err != nil || fmt.Sprint(out) != fmt.Sprint(want) {
@@ -210,104 +208,6 @@ func TestLeaseScriptAnswers(t *testing.T) {
 			t.Errorf("TTL of the leases: %v %v", ttl, err)
 		}
 	})
-}
-
-// A Reporter keeps running on local accounting while Redis is away, and
-// its next heartbeat puts Redis back in line with what runs.
-func TestReporterReconcilesWhenRedisReturns(t *testing.T) {
-	srv := redistest.Start(t)
-	s := open(t, srv.URL())
-	ctx := context.Background()
-	r := NewReporter(s, ReporterConfig{WorkerID: "w1", Pool: "p", Backend: "process", Slots: 4,
-		CPUMilli: ptr(4000), Interval: 200 * time.Millisecond})
-	r.Start(ctx)
-	defer r.Stop(ctx)
-	res := func(id string) worker.Reservation {
-		return worker.Reservation{JobID: id, Attempt: 1, CPUMilli: 1000, MemoryBytes: 1 << 20, StartedAt: time.Now()}
-	}
-	for _, id := range []string{"a", "b", "c"} {
-		if err := r.Reserve(ctx, res(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitLeases(t, s, "w1", "[a b c]")
-
-	srv.Stop()
-	// While Redis is away: local accounting still refuses a fifth lease.
-	if err := r.Release(ctx, res("a")); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"d", "e"} {
-		if err := r.Reserve(ctx, res(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := r.Reserve(ctx, res("f")); err == nil {
-		t.Fatal("a fifth lease on four slots was granted")
-	}
-	srv.Start() // empty: the restart lost everything
-	waitLeases(t, s, "w1", "[b c d e]")
-	hbs, err := s.Workers(ctx, "p")
-	if err != nil || len(hbs) != 1 || hbs[0].Slots.Used != 4 || len(hbs[0].Running) != 4 {
-		t.Fatalf("heartbeat after the outage: %+v %v", hbs, err)
-	}
-}
-
-func waitLeases(t *testing.T, s *Store, worker, want string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	var got string
-	for time.Now().Before(deadline) {
-		leases, err := s.Leases(context.Background(), worker)
-		if err == nil {
-			var ids []string
-			for _, l := range leases {
-				ids = append(ids, l.JobID)
-			}
-			if got = fmt.Sprint(ids); got == want {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("leases of %s in Redis: %s, want %s", worker, got, want)
-}
-
-func TestAdmissionJudge(t *testing.T) {
-	hb := func(pool, backend string, cpu, mem *int64, gpu int) *job.Heartbeat {
-		return &job.Heartbeat{WorkerID: pool + backend, Pool: pool, Backend: backend, Health: job.HealthHealthy,
-			CPUMilli: job.Amount{Total: cpu}, MemoryBytes: job.Amount{Total: mem}, GPUs: job.GPUs{Total: gpu}}
-	}
-	pools := view([]*job.Heartbeat{
-		hb("small", "docker", ptr(2000), ptr(4<<30), 0),
-		hb("small", "docker", ptr(4000), ptr(2<<30), 1),
-		hb("procs", "process", nil, nil, 0),
-	})
-	req := func(pool, cpu, mem string, gpu int, image string) *job.Request {
-		r := &job.Request{Pool: pool, Image: image, Command: []string{"x"}, Resources: &job.Resources{CPU: cpu, Memory: mem, GPU: gpu}}
-		r.Normalize()
-		return r
-	}
-	for _, tc := range []struct {
-		r    *job.Request
-		want string
-	}{
-		{req("small", "4", "4Gi", 1, "img"), ""}, // each total fits some worker
-		{req("small", "5", "1Gi", 0, "img"), "needs 5 CPU (the largest worker has 4)"},
-		{req("small", "1", "8Gi", 2, "img"), "needs 8Gi memory (the largest worker has 4Gi) and 2 GPUs"},
-		{req("small", "1", "1Gi", 0, ""), "needs an image"},
-		{req("procs", "64", "1Ti", 0, ""), ""}, // unknown totals: anything may fit
-		{req("gone", "1", "1Gi", 0, ""), `pool "gone" has no live worker`},
-	} {
-		got := judge(tc.r, pools[tc.r.Pool])
-		if (tc.want == "") != (got == "") || tc.want != "" && !contains(got, tc.want) {
-			t.Errorf("judge(%s %s %s gpu %d) = %q, want %q", tc.r.Pool, tc.r.Resources.CPU, tc.r.Resources.Memory, tc.r.Resources.GPU, got, tc.want)
-		}
-	}
-}
-
-func contains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
 }
 
 func freeAddr(t *testing.T) string {

@@ -2,7 +2,9 @@ package capacity
 
 import "github.com/redis/go-redis/v9"
 
-// A worker's slots hash, KEYS[1] of both scripts, holds:
+// Each script touches one key, its KEYS[1]: a worker's slots hash, which
+// on a Redis Cluster lives in the slot of the worker's hash tag. The hash
+// holds:
 //
 //	slots, cpu, mem, gpu                 the worker's totals; -1 when unknown
 //	used, cpu_used, mem_used, gpu_used   what its leases hold together
@@ -15,7 +17,7 @@ import "github.com/redis/go-redis/v9"
 // that a slot released by one attempt can be taken by the next in the same
 // round trip.
 //
-//	KEYS[1] -> fleet:slots:<worker>
+//	KEYS[1] -> fleet:{w:<worker>}:slots
 //	ARGV[1] -> TTL of the hash, in milliseconds
 //	ARGV[2..] -> operations, one after another:
 //	             "-", field                      release the lease named field
@@ -83,7 +85,7 @@ return out
 // truth for longer than one interval, and a worker reconciles its leases
 // by itself when Redis comes back after an outage.
 //
-//	KEYS[1] -> fleet:slots:<worker>
+//	KEYS[1] -> fleet:{w:<worker>}:slots
 //	ARGV[1] -> TTL of the hash, in milliseconds
 //	ARGV[2..5] -> totals: slots, cpu, mem, gpu (-1 when unknown)
 //	ARGV[6..] -> leases, four values each: field, cpu, mem, gpu

@@ -1,76 +1,46 @@
-// Package capacity keeps the fleet's capacity in Redis: every worker's
-// heartbeat (its capacity-heartbeat document, with a TTL of three
-// intervals), an index of the live workers of each pool, and each worker's
-// slot leases, reserved and released atomically by Lua scripts. A worker
-// that stops heartbeating loses its leases when their key expires; its
-// jobs come back through JetStream redelivery.
+// Package capacity is the fleet's capacity model in Redis, shared by both
+// sides: every worker's heartbeat (its capacity-heartbeat document, with a
+// TTL of three intervals), an index of the live workers of each pool, and
+// each worker's slot leases, reserved and released atomically by Lua
+// scripts. A worker that stops heartbeating loses its leases when their key
+// expires; its jobs come back through JetStream redelivery.
+//
+// The worker's side (local accounting, batched leases, the heartbeat) is
+// the package ledger; the dispatcher's (admission, the reaper, the
+// overview) is the package monitor. This package knows neither.
 //
 // Keys, for the prefix "fleet":
 //
-//	fleet:hb:<worker>     the worker's last heartbeat (JSON), expiring after 3 intervals
-//	fleet:last:<worker>   the same, without expiry, for the reaper to read after the worker died
-//	fleet:slots:<worker>  hash of the worker's totals, counters and leases (see scripts.go)
-//	fleet:pool:<pool>     sorted set of the pool's workers by last heartbeat (ms)
-//	fleet:pools           set of pools that have had workers
+//	fleet:{w:<worker>}:hb     the worker's last heartbeat (JSON), expiring after 3 intervals
+//	fleet:{w:<worker>}:last   the same, without expiry, for the reaper to read after the worker died
+//	fleet:{w:<worker>}:slots  hash of the worker's totals, counters and leases (see scripts.go)
+//	fleet:pool:<pool>         sorted set of the pool's workers by last heartbeat (ms)
+//	fleet:pools               set of pools that have had workers
+//
+// The braces are a Redis Cluster hash tag: one worker's three keys hash to
+// one slot, so that a command on several of them works on a Cluster. No
+// command and no script touches the keys of two workers, or a worker's and
+// a pool's, at once; what reads many workers pipelines one command per key.
 package capacity
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/job"
 )
 
-// go-redis logs every failed dial; the fleet reports an outage once, itself.
-func init() { redis.SetLogger(quiet{}) }
-
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
-
-// Store is the fleet's capacity in Redis.
+// Store is the fleet's capacity in Redis: one server, a Sentinel-managed
+// master, or a Cluster (see Open).
 type Store struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
-}
-
-// TLS names the files of a TLS connection to Redis: a CA bundle to trust
-// (the system's when empty) and a client certificate and key.
-type TLS struct {
-	CA, Cert, Key string
-}
-
-// Open connects to Redis at url: redis://[user:password@]host:port/db, or
-// rediss:// for TLS. It does not wait for Redis to answer: callers work on
-// while it is away.
-func Open(url, prefix string, tlsFiles ...TLS) (*Store, error) {
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", redactErr(err, url))
-	}
-	if len(tlsFiles) > 0 && opts.TLSConfig != nil {
-		if err := tlsFiles[0].apply(opts.TLSConfig); err != nil {
-			return nil, err
-		}
-	}
-	opts.DialTimeout = 2 * time.Second
-	opts.ReadTimeout = 2 * time.Second
-	opts.WriteTimeout = 2 * time.Second
-	opts.MaxRetries = 1
-	if prefix == "" {
-		prefix = "fleet"
-	}
-	return &Store{rdb: redis.NewClient(opts), prefix: prefix}, nil
 }
 
 // Close closes the connections.
@@ -79,11 +49,13 @@ func (s *Store) Close() error { return s.rdb.Close() }
 // Ping checks that Redis answers.
 func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
-func (s *Store) hbKey(worker string) string    { return s.prefix + ":hb:" + worker }
-func (s *Store) lastKey(worker string) string  { return s.prefix + ":last:" + worker }
-func (s *Store) slotsKey(worker string) string { return s.prefix + ":slots:" + worker }
-func (s *Store) poolKey(pool string) string    { return s.prefix + ":pool:" + pool }
-func (s *Store) poolsKey() string              { return s.prefix + ":pools" }
+// workerKey is the start of a worker's keys, their hash tag included.
+func (s *Store) workerKey(worker string) string { return s.prefix + ":{w:" + worker + "}" }
+func (s *Store) hbKey(worker string) string     { return s.workerKey(worker) + ":hb" }
+func (s *Store) lastKey(worker string) string   { return s.workerKey(worker) + ":last" }
+func (s *Store) slotsKey(worker string) string  { return s.workerKey(worker) + ":slots" }
+func (s *Store) poolKey(pool string) string     { return s.prefix + ":pool:" + pool }
+func (s *Store) poolsKey() string               { return s.prefix + ":pools" }
 
 // Pools lists the pools that have had workers.
 func (s *Store) Pools(ctx context.Context) ([]string, error) {
@@ -117,21 +89,28 @@ func (s *Store) Workers(ctx context.Context, pool string) ([]*job.Heartbeat, err
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i] = s.hbKey(id)
-	}
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
+	// One GET per worker, pipelined: the workers' keys lie in different
+	// slots of a Cluster, where an MGET of them would fail.
+	gets := make([]*redis.StringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			gets[i] = p.Get(ctx, s.hbKey(id))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read heartbeats: %w", err)
 	}
 	var out []*job.Heartbeat
-	for _, v := range vals {
-		str, ok := v.(string)
-		if !ok {
+	for _, g := range gets {
+		data, err := g.Bytes()
+		if errors.Is(err, redis.Nil) {
 			continue // expired: the reaper will clean its index entry
 		}
-		hb, err := job.DecodeHeartbeat([]byte(str))
+		if err != nil {
+			return nil, fmt.Errorf("read heartbeats: %w", err)
+		}
+		hb, err := job.DecodeHeartbeat(data)
 		if err != nil {
 			continue // not ours to trust
 		}
@@ -145,18 +124,6 @@ func (s *Store) Workers(ctx context.Context, pool string) ([]*job.Heartbeat, err
 	})
 	return out, nil
 }
-
-// Lease is one attempt's hold on a worker's capacity.
-type Lease struct {
-	JobID       string    `json:"job_id"`
-	Attempt     int       `json:"attempt"`
-	CPUMilli    int64     `json:"cpu_milli"`
-	MemoryBytes int64     `json:"memory_bytes"`
-	GPUs        int       `json:"gpus"`
-	StartedAt   time.Time `json:"started_at"`
-}
-
-func (l Lease) field() string { return fmt.Sprintf("l:%s/%d", l.JobID, l.Attempt) }
 
 // Leases reads a worker's leases as Redis holds them.
 func (s *Store) Leases(ctx context.Context, worker string) ([]Lease, error) {
@@ -211,50 +178,20 @@ func (s *Store) Usage(ctx context.Context, worker string) (Usage, error) {
 	return Usage{Slots: int(n(0)), SlotsUsed: int(n(1)), CPUUsed: n(2), MemUsed: n(3), GPUsUsed: int(n(4))}, nil
 }
 
-// lastHeartbeat reads what a worker last reported, after its heartbeat
-// expired.
-func (s *Store) lastHeartbeat(ctx context.Context, worker string) (*job.Heartbeat, error) {
+// LastHeartbeat reads what a worker last reported, which outlives its
+// heartbeat: the reaper reads it after the worker died. Nil when there is
+// none.
+func (s *Store) LastHeartbeat(ctx context.Context, worker string) (*job.Heartbeat, error) {
 	data, err := s.rdb.Get(ctx, s.lastKey(worker)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the last heartbeat of %s: %w", worker, err)
 	}
 	var hb job.Heartbeat
 	if err := json.Unmarshal(data, &hb); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("decode the last heartbeat of %s: %w", worker, err)
 	}
 	return &hb, nil
-}
-
-// redactErr keeps a password in a URL out of error messages: errors about
-// a URL with credentials say only that it does not parse.
-func redactErr(err error, url string) error {
-	if !strings.Contains(url, "@") {
-		return err
-	}
-	return errors.New("the URL does not parse (its user name and password must be URL-escaped)")
-}
-
-func (t TLS) apply(c *tls.Config) error {
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return fmt.Errorf("redis CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("redis CA: no certificate in %s", t.CA)
-		}
-		c.RootCAs = pool
-	}
-	if t.Cert != "" || t.Key != "" {
-		cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-		if err != nil {
-			return fmt.Errorf("redis client certificate: %w", err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return nil
 }

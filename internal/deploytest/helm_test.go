@@ -312,6 +312,77 @@ func TestChartOptions(t *testing.T) {
 	})
 }
 
+// TestChartRedisModes: each Redis mode becomes the URL every component
+// reads, with the passwords and TLS files mounted where their flags point.
+func TestChartRedisModes(t *testing.T) {
+	// redisEnv returns the Redis environment of every fleet container, and
+	// the paths its pods mount secrets at.
+	redisEnv := func(t *testing.T, objs []*unstructured.Unstructured) []map[string]corev1.EnvVar {
+		t.Helper()
+		var out []map[string]corev1.EnvVar
+		for _, w := range workloads(t, objs) {
+			c := w.pod.Spec.Containers[0]
+			env := map[string]corev1.EnvVar{}
+			for k, v := range envOf(c) {
+				if strings.HasPrefix(k, "FLEET_REDIS_") {
+					env[k] = v
+				}
+			}
+			mounts := map[string]bool{}
+			for _, m := range c.VolumeMounts {
+				mounts[m.MountPath] = true
+			}
+			for k, v := range env {
+				if dir := filepath.Dir(v.Value); strings.HasPrefix(v.Value, "/etc/fleet/") && !mounts[dir] {
+					t.Errorf("%s: %s=%s, but nothing is mounted at %s", w.name, k, v.Value, dir)
+				}
+			}
+			out = append(out, env)
+		}
+		if len(out) == 0 {
+			t.Fatal("no fleet container")
+		}
+		return out
+	}
+	t.Run("sentinel", func(t *testing.T) {
+		objs := render(t, "fleet", valueArgs(valueSets[1].files)...)
+		for _, env := range redisEnv(t, objs) {
+			want := map[string]string{
+				"FLEET_REDIS_URL":                    "rediss+sentinel://redis-sentinel-0.redis:26379,redis-sentinel-1.redis:26379,redis-sentinel-2.redis:26379/fleet/1",
+				"FLEET_REDIS_PASSWORD_FILE":          "/etc/fleet/redis-auth/password",
+				"FLEET_REDIS_SENTINEL_PASSWORD_FILE": "/etc/fleet/redis-auth/sentinel-password",
+				"FLEET_REDIS_CA":                     "/etc/fleet/redis-tls/ca.crt",
+				"FLEET_REDIS_CERT":                   "/etc/fleet/redis-tls/tls.crt",
+				"FLEET_REDIS_KEY":                    "/etc/fleet/redis-tls/tls.key",
+			}
+			for k, v := range want {
+				if env[k].Value != v {
+					t.Errorf("%s=%q, want %q", k, env[k].Value, v)
+				}
+			}
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		objs := render(t, "fleet", "--set", "redis.mode=cluster", "--set", "redis.cluster.addresses={redis-0:6379,redis-1:6379}",
+			"--set", "redis.auth.existingSecret=fleet-redis-auth")
+		for _, env := range redisEnv(t, objs) {
+			if env["FLEET_REDIS_URL"].Value != "redis+cluster://redis-0:6379,redis-1:6379" ||
+				env["FLEET_REDIS_PASSWORD_FILE"].Value != "/etc/fleet/redis-auth/password" || env["FLEET_REDIS_SENTINEL_PASSWORD_FILE"].Value != "" {
+				t.Errorf("cluster mode: %v", env)
+			}
+		}
+	})
+	t.Run("url from a secret", func(t *testing.T) {
+		objs := render(t, "fleet", "--set", "redis.existingSecret=fleet-redis")
+		for _, env := range redisEnv(t, objs) {
+			ref := env["FLEET_REDIS_URL"].ValueFrom
+			if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "fleet-redis" || ref.SecretKeyRef.Key != "url" || len(env) != 1 {
+				t.Errorf("url mode from a Secret: %v", env)
+			}
+		}
+	})
+}
+
 // checkDockerWorker: the socket, and the workspaces at the same path as on
 // the node.
 func checkDockerWorker(t *testing.T, spec corev1.PodSpec) {
@@ -361,6 +432,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"keda endpoint", []string{"--set", "worker.autoscaling.keda.enabled=true"}, "natsMonitoringEndpoint"},
 		{"scale from zero", []string{"--set", "worker.autoscaling.keda.enabled=true,worker.autoscaling.keda.natsMonitoringEndpoint=nats:8222,worker.autoscaling.keda.minReplicas=0"}, "admission=queue"},
 		{"shared PVC elsewhere", []string{"--set", "worker.sharedPVC.enabled=true,worker.jobNamespace=other"}, "sharedPVC"},
+		{"redis mode", []string{"--set", "redis.mode=ring"}, "redis/mode"},
+		{"redis url scheme", []string{"--set", "redis.url=http://redis:6379"}, "redis/url"},
+		{"sentinel without master", []string{"--set", "redis.mode=sentinel,redis.sentinel.addresses={s:26379}"}, "redis.sentinel.masterName"},
+		{"sentinel without addresses", []string{"--set", "redis.mode=sentinel,redis.sentinel.masterName=m"}, "redis.sentinel.addresses"},
+		{"cluster without addresses", []string{"--set", "redis.mode=cluster"}, "redis.cluster.addresses"},
+		{"address with a comma", []string{"--set", `redis.mode=cluster,redis.cluster.addresses={a:1\,b:2}`}, "addresses"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, err := tryRun(root, env, nil, append([]string{h, "template", "fleet", chartDir}, tc.args...)...)

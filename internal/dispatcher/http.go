@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -70,7 +71,7 @@ func (a *API) ServeCapacity(caps *capacity.Store) {
 		}
 	}
 	a.mux.Handle("GET /v1/capacity", serve(func(hbs []*job.Heartbeat) any {
-		return capacity.Overview{Pools: capacity.Summarize(hbs), Workers: hbs}
+		return monitor.Overview{Pools: monitor.Summarize(hbs), Workers: hbs}
 	}))
 	a.mux.Handle("GET /v1/workers", serve(func(hbs []*job.Heartbeat) any { return hbs }))
 }

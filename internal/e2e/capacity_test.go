@@ -17,6 +17,8 @@ import (
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/ledger"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/redistest"
@@ -26,7 +28,7 @@ import (
 
 func openCapacity(t *testing.T, url string) *capacity.Store {
 	t.Helper()
-	s, err := capacity.Open(url, "fleet")
+	s, err := capacity.Open(url, capacity.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func openCapacity(t *testing.T, url string) *capacity.Store {
 func capacityWorker(t *testing.T, f *fleettest.Fleet, caps *capacity.Store, id string, slots int, cpu, mem *int64) *worker.Worker {
 	t.Helper()
 	var w atomic.Pointer[worker.Worker]
-	r := capacity.NewReporter(caps, capacity.ReporterConfig{WorkerID: id, Pool: "default", Backend: "process",
+	r := ledger.New(caps, ledger.Config{WorkerID: id, Pool: "default", Backend: "process",
 		Slots: slots, CPUMilli: cpu, MemoryBytes: mem, Interval: 250 * time.Millisecond,
 		Draining: func() bool { p := w.Load(); return p != nil && p.Draining() }, Logger: fleettest.Logger(t)})
 	r.Start(context.Background())
@@ -87,7 +89,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 	t.Logf("worker gone %s after the kill", time.Since(killed).Round(10*time.Millisecond))
 
 	// The reaper announces the job the worker held.
-	dead, err := capacity.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, fleettest.Logger(t)).Reap(ctx)
+	dead, err := monitor.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, fleettest.Logger(t)).Reap(ctx)
 	if err != nil || len(dead) != 1 || dead[0] != "mortal" {
 		t.Fatalf("reaped %v, %v", dead, err)
 	}
@@ -107,7 +109,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 		t.Fatalf("worker_lost event: %+v", lost)
 	}
 	// A second reaper (another dispatcher) finds nothing left to do.
-	if dead, _ := capacity.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, nil).Reap(ctx); len(dead) != 0 {
+	if dead, _ := monitor.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, nil).Reap(ctx); len(dead) != 0 {
 		t.Errorf("reaped twice: %v", dead)
 	}
 	// And nothing of the dead worker is left in Redis.
@@ -119,9 +121,9 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
 	rs := redistest.Start(t)
 	caps := openCapacity(t, rs.URL())
-	for _, mode := range []string{capacity.AdmitReject, capacity.AdmitQueue} {
+	for _, mode := range []string{monitor.AdmitReject, monitor.AdmitQueue} {
 		t.Run(mode, func(t *testing.T) {
-			adm, err := capacity.NewAdmission(caps, mode, fleettest.Logger(t))
+			adm, err := monitor.NewAdmission(caps, mode, fleettest.Logger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +139,7 @@ func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
 
 			big := &job.Request{ID: "big-" + mode, Command: []string{"true"}, Resources: &job.Resources{Memory: "4Gi"}}
 			s, err := f.Client.Submit(ctx, big)
-			if mode == capacity.AdmitReject {
+			if mode == monitor.AdmitReject {
 				rej, ok := err.(*client.RejectedError)
 				if !ok || !strings.Contains(rej.Reason, "needs 4Gi memory (the largest worker has 1Gi)") {
 					t.Fatalf("oversized request: %+v, %v", s, err)
@@ -253,7 +255,7 @@ func TestCapacityRoutesAnswerFromTheHeartbeats(t *testing.T) {
 	if code := get("/v1/workers?pool=elsewhere", &hbs); code != http.StatusOK || hbs == nil || len(hbs) != 0 {
 		t.Errorf("GET /v1/workers?pool=elsewhere: %d %v, want 200 and an empty list", code, hbs)
 	}
-	var o capacity.Overview
+	var o monitor.Overview
 	if code := get("/v1/capacity?pool=default", &o); code != http.StatusOK || len(o.Pools) != 1 || len(o.Workers) != 1 ||
 		o.Pools[0].Slots.Total != 3 || o.Pools[0].Workers != 1 {
 		t.Errorf("GET /v1/capacity?pool=default: %d %+v, want one pool of one worker and 3 slots", code, o)

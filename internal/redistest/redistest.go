@@ -1,13 +1,20 @@
-// Package redistest runs a real redis-server for tests, on a free loopback
-// port, one per test, so that tests can stop and restart it.
+// Package redistest runs real Redis servers for tests, on free loopback
+// ports, one set per test, so that tests can stop and restart them: one
+// server (Start), a master with a replica watched by three Sentinels
+// (StartSentinel), or a Redis Cluster (StartCluster).
 package redistest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/internal/testenv"
 )
@@ -19,36 +26,66 @@ type Server struct {
 	dir  string
 	cmd  *exec.Cmd
 	opts options
+	// conf, when set, is the configuration file the server starts from
+	// (a Sentinel's, which Sentinel rewrites).
+	conf string
+	// extra are more arguments (replication, cluster mode).
+	extra []string
+	// sentinel marks a Sentinel, whose password is opts.sentinelPassword.
+	sentinel bool
 }
 
 type options struct {
 	password           string
+	sentinelPassword   string
 	cert, key, caCerts string
 }
 
 // Option configures the server.
 type Option func(*options)
 
-// WithPassword requires AUTH with the password.
+// WithPassword requires AUTH with the password (on the Redis servers, not
+// on Sentinels).
 func WithPassword(pw string) Option { return func(o *options) { o.password = pw } }
 
+// WithSentinelPassword makes the Sentinels of StartSentinel require AUTH
+// with the password.
+func WithSentinelPassword(pw string) Option { return func(o *options) { o.sentinelPassword = pw } }
+
 // WithTLS serves TLS only, with the certificate and key files; clients are
-// not asked for certificates.
+// not asked for certificates. Replication, the cluster bus and Sentinels
+// speak TLS too.
 func WithTLS(cert, key, ca string) Option {
 	return func(o *options) { o.cert, o.key, o.caCerts = cert, key, ca }
+}
+
+// require skips the test when redis-server (and redis-cli, for a Cluster)
+// is not installed, or fails it under CI=true.
+func require(t testing.TB, cli bool) {
+	t.Helper()
+	_, err := exec.LookPath("redis-server")
+	testenv.Require(t, err == nil, "redis-server is not installed (apt-get install redis-server)")
+	if cli {
+		_, err := exec.LookPath("redis-cli")
+		testenv.Require(t, err == nil, "redis-cli is not installed (apt-get install redis-tools)")
+	}
 }
 
 // Start starts redis-server, or skips the test when it is not installed
 // (fails it under CI=true). It stops when the test ends.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	_, err := exec.LookPath("redis-server")
-	testenv.Require(t, err == nil, "redis-server is not installed (apt-get install redis-server)")
+	require(t, false)
+	s := newServer(t, opts...)
+	s.Start()
+	return s
+}
+
+func newServer(t testing.TB, opts ...Option) *Server {
 	s := &Server{t: t, port: freePort(t), dir: t.TempDir()}
 	for _, o := range opts {
 		o(&s.opts)
 	}
-	s.Start()
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -72,17 +109,27 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 // Start (re)starts the server, empty, on the same port.
 func (s *Server) Start() {
 	s.t.Helper()
-	args := []string{"--bind", "127.0.0.1", "--port", fmt.Sprint(s.port),
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "yes"}
-	if s.opts.password != "" {
-		args = append(args, "--requirepass", s.opts.password)
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args, "--bind", "127.0.0.1", "--port", fmt.Sprint(s.port),
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "yes")
+	switch {
+	case s.sentinel && s.opts.sentinelPassword != "":
+		args = append(args, "--requirepass", s.opts.sentinelPassword)
+	case !s.sentinel && s.opts.password != "":
+		args = append(args, "--requirepass", s.opts.password, "--masterauth", s.opts.password)
 	}
 	if s.opts.cert != "" {
-		args[3] = "0" // no plain port
-		args = append(args, "--tls-port", fmt.Sprint(s.port), "--tls-cert-file", s.opts.cert,
-			"--tls-key-file", s.opts.key, "--tls-ca-cert-file", s.opts.caCerts, "--tls-auth-clients", "no")
+		args = append(args, "--port", "0", // no plain port
+			"--tls-port", fmt.Sprint(s.port), "--tls-cert-file", s.opts.cert,
+			"--tls-key-file", s.opts.key, "--tls-ca-cert-file", s.opts.caCerts, "--tls-auth-clients", "no",
+			"--tls-replication", "yes", "--tls-cluster", "yes")
 	}
+	args = append(args, s.extra...)
 	s.cmd = exec.Command("redis-server", args...)
+	s.cmd.Dir = s.dir
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -98,7 +145,7 @@ func (s *Server) Start() {
 	s.t.Fatalf("redis-server did not listen on %s", s.Addr())
 }
 
-// Stop kills the server; its data is gone.
+// Stop kills the server (SIGKILL); its data is gone.
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
@@ -106,6 +153,28 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Running reports whether the server was started and not stopped.
+func (s *Server) Running() bool { return s.cmd != nil }
+
+// options are the go-redis options of a client of this server, for the
+// helpers that watch it: TLS and the password as it is configured.
+func (s *Server) clientOptions() *redis.Options {
+	o := &redis.Options{Addr: s.Addr(), DialTimeout: time.Second, MaxRetries: -1, Password: s.opts.password}
+	if s.sentinel {
+		o.Password = s.opts.sentinelPassword
+	}
+	if s.opts.cert != "" {
+		pem, err := os.ReadFile(s.opts.caCerts)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		o.TLSConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return o
 }
 
 func freePort(t testing.TB) int {

@@ -76,6 +76,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
+The Redis URL of the sentinel and cluster modes, built from their values.
+*/}}
+{{- define "fleet.redisURL" -}}
+{{- $r := .Values.redis -}}
+{{- $scheme := ternary "rediss" "redis" (eq $r.tls.enabled true) -}}
+{{- if eq $r.mode "sentinel" -}}
+{{- if not $r.sentinel.addresses }}{{ fail "redis.mode=sentinel needs redis.sentinel.addresses (host:port of each Sentinel)" }}{{ end -}}
+{{- $master := required "redis.mode=sentinel needs redis.sentinel.masterName" $r.sentinel.masterName -}}
+{{- printf "%s+sentinel://%s/%s/%d" $scheme (join "," $r.sentinel.addresses) $master (int $r.sentinel.db) -}}
+{{- else if eq $r.mode "cluster" -}}
+{{- if not $r.cluster.addresses }}{{ fail "redis.mode=cluster needs redis.cluster.addresses (host:port of seed nodes)" }}{{ end -}}
+{{- printf "%s+cluster://%s" $scheme (join "," $r.cluster.addresses) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Environment common to every fleet container: NATS, Redis, the prefix, logs.
 Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logFormat" ...).
 */}}
@@ -85,15 +101,41 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
   value: {{ $v.nats.url | quote }}
 - name: FLEET_SUBJECT_PREFIX
   value: {{ $v.subjectPrefix | quote }}
-{{- if $v.redis.existingSecret }}
+{{- $r := $v.redis }}
+{{- if ne $r.mode "url" }}
+- name: FLEET_REDIS_URL
+  value: {{ include "fleet.redisURL" .ctx | quote }}
+{{- else if $r.existingSecret }}
 - name: FLEET_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ $v.redis.existingSecret }}
-      key: {{ $v.redis.urlKey }}
+      name: {{ $r.existingSecret }}
+      key: {{ $r.urlKey }}
 {{- else }}
 - name: FLEET_REDIS_URL
-  value: {{ $v.redis.url | quote }}
+  value: {{ $r.url | quote }}
+{{- end }}
+{{- if $r.auth.existingSecret }}
+{{- if $r.auth.passwordKey }}
+- name: FLEET_REDIS_PASSWORD_FILE
+  value: /etc/fleet/redis-auth/{{ $r.auth.passwordKey }}
+{{- end }}
+{{- if $r.auth.sentinelPasswordKey }}
+- name: FLEET_REDIS_SENTINEL_PASSWORD_FILE
+  value: /etc/fleet/redis-auth/{{ $r.auth.sentinelPasswordKey }}
+{{- end }}
+{{- end }}
+{{- if $r.tls.existingSecret }}
+{{- if $r.tls.caKey }}
+- name: FLEET_REDIS_CA
+  value: /etc/fleet/redis-tls/{{ $r.tls.caKey }}
+{{- end }}
+{{- if $r.tls.certKey }}
+- name: FLEET_REDIS_CERT
+  value: /etc/fleet/redis-tls/{{ $r.tls.certKey }}
+- name: FLEET_REDIS_KEY
+  value: /etc/fleet/redis-tls/{{ required "redis.tls.keyKey is required with redis.tls.certKey" $r.tls.keyKey }}
+{{- end }}
 {{- end }}
 - name: FLEET_LOG_LEVEL
   value: {{ .logLevel | quote }}
@@ -137,8 +179,8 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
 {{- end }}
 {{- end }}
 
-{{/* Volume mounts and volumes for NATS TLS and credentials. Same arguments. */}}
-{{- define "fleet.natsVolumeMounts" -}}
+{{/* Volume mounts and volumes for NATS and Redis TLS and credentials. Same arguments. */}}
+{{- define "fleet.secretVolumeMounts" -}}
 {{- if .ctx.Values.nats.tls.existingSecret }}
 - name: nats-tls
   mountPath: /etc/fleet/nats-tls
@@ -149,9 +191,19 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
   mountPath: /etc/fleet/nats-auth
   readOnly: true
 {{- end }}
+{{- if .ctx.Values.redis.tls.existingSecret }}
+- name: redis-tls
+  mountPath: /etc/fleet/redis-tls
+  readOnly: true
+{{- end }}
+{{- if .ctx.Values.redis.auth.existingSecret }}
+- name: redis-auth
+  mountPath: /etc/fleet/redis-auth
+  readOnly: true
+{{- end }}
 {{- end }}
 
-{{- define "fleet.natsVolumes" -}}
+{{- define "fleet.secretVolumes" -}}
 {{- if .ctx.Values.nats.tls.existingSecret }}
 - name: nats-tls
   secret:
@@ -160,6 +212,18 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
 {{- end }}
 {{- with (.auth | default dict).existingSecret }}
 - name: nats-auth
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- with .ctx.Values.redis.tls.existingSecret }}
+- name: redis-tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- with .ctx.Values.redis.auth.existingSecret }}
+- name: redis-auth
   secret:
     secretName: {{ . }}
     defaultMode: 0440

@@ -1,4 +1,4 @@
-package capacity
+package monitor
 
 import "github.com/fleet-dev/fleet/job"
 

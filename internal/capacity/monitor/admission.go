@@ -1,4 +1,8 @@
-package capacity
+// Package monitor is the dispatcher's side of the fleet's capacity: it
+// admits requests against what the live workers of their pool could ever
+// run, reaps the workers whose heartbeat expired, and sums the heartbeats
+// for the capacity API.
+package monitor
 
 import (
 	"context"
@@ -11,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -35,7 +40,7 @@ const (
 // started is not refused for the second until the next refresh. When Redis
 // is away it lets requests through.
 type Admission struct {
-	s    *Store
+	s    *capacity.Store
 	mode string
 	log  *slog.Logger
 
@@ -62,7 +67,7 @@ type poolView struct {
 
 // NewAdmission returns an Admission in mode (AdmitReject, AdmitQueue or
 // AdmitOff).
-func NewAdmission(s *Store, mode string, log *slog.Logger) (*Admission, error) {
+func NewAdmission(s *capacity.Store, mode string, log *slog.Logger) (*Admission, error) {
 	switch mode {
 	case AdmitReject, AdmitQueue, AdmitOff:
 	default:
@@ -148,7 +153,7 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	if fresh.IsZero() || time.Since(fresh) >= 10*time.Second {
 		return "capacity is unknown (Redis unreachable): the request was not checked against the pool", nil
 	}
-	problem := judge(r, p)
+	problem := unfit(r, p)
 	if problem != "" && time.Since(fresh) >= recheckAfter {
 		a.rechecking.Lock()
 		if _, f := a.pool(r.Pool); time.Since(f) >= recheckAfter {
@@ -156,7 +161,7 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 		}
 		a.rechecking.Unlock()
 		p, _ = a.pool(r.Pool)
-		problem = judge(r, p)
+		problem = unfit(r, p)
 	}
 	switch {
 	case problem == "":
@@ -178,8 +183,8 @@ func (a *Admission) pool(name string) (*poolView, time.Time) {
 	return a.pools[name], a.fresh
 }
 
-// judge says why no live worker of the pool could ever run r, or "".
-func judge(r *job.Request, p *poolView) string {
+// unfit says why no live worker of the pool could ever run r, or "".
+func unfit(r *job.Request, p *poolView) string {
 	if p == nil || p.workers == 0 {
 		return fmt.Sprintf("pool %q has no live worker", r.Pool)
 	}

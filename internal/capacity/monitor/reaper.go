@@ -1,14 +1,11 @@
-package capacity
+package monitor
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -17,7 +14,7 @@ import (
 // removing a worker from its pool's index is atomic, and only the one that
 // removes it announces.
 type Reaper struct {
-	s        *Store
+	s        *capacity.Store
 	interval time.Duration
 	announce func(context.Context, *job.Event) error
 	log      *slog.Logger
@@ -25,7 +22,7 @@ type Reaper struct {
 
 // NewReaper returns a Reaper that looks every interval (the workers'
 // heartbeat interval) and announces lost jobs with announce.
-func NewReaper(s *Store, interval time.Duration, announce func(context.Context, *job.Event) error, log *slog.Logger) *Reaper {
+func NewReaper(s *capacity.Store, interval time.Duration, announce func(context.Context, *job.Event) error, log *slog.Logger) *Reaper {
 	if interval <= 0 {
 		interval = 3 * time.Second
 	}
@@ -60,18 +57,17 @@ func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
 	var dead []string
 	// A worker that missed one beat is a candidate; its heartbeat key
 	// tells whether it is gone (after three).
-	stale := strconv.FormatInt(time.Now().Add(-r.interval).UnixMilli(), 10)
+	stale := time.Now().Add(-r.interval)
 	for _, pool := range pools {
-		ids, err := r.s.rdb.ZRangeByScore(ctx, r.s.poolKey(pool), &redis.ZRangeBy{Min: "-inf", Max: stale}).Result()
+		ids, err := r.s.Stale(ctx, pool, stale)
 		if err != nil {
-			return dead, fmt.Errorf("list workers of %s: %w", pool, err)
+			return dead, err
 		}
 		for _, id := range ids {
-			alive, err := r.s.rdb.Exists(ctx, r.s.hbKey(id)).Result()
-			if err != nil || alive == 1 {
+			if alive, err := r.s.Alive(ctx, id); err != nil || alive {
 				continue
 			}
-			if n, err := r.s.rdb.ZRem(ctx, r.s.poolKey(pool), id).Result(); err != nil || n == 0 {
+			if mine, err := r.s.Unindex(ctx, pool, id); err != nil || !mine {
 				continue // another dispatcher took it
 			}
 			dead = append(dead, id)
@@ -82,10 +78,10 @@ func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
 }
 
 // bury announces the jobs a dead worker held and removes what it left. Its
-// leases outlive its heartbeat by two intervals (see Reporter.leaseTTL);
+// leases outlive its heartbeat by two intervals (see ledger.Ledger);
 // the last heartbeat is the fallback.
 func (r *Reaper) bury(ctx context.Context, pool, id string) {
-	hb, err := r.s.lastHeartbeat(ctx, id)
+	hb, err := r.s.LastHeartbeat(ctx, id)
 	if err != nil {
 		r.log.Warn("cannot read the last heartbeat of a dead worker", "worker_id", id, "err", err)
 	}
@@ -95,7 +91,7 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 		backend, seen = hb.Backend, hb.ObservedAt
 		if len(held) == 0 {
 			for _, a := range hb.Running {
-				held = append(held, Lease{JobID: a.JobID, Attempt: a.Attempt})
+				held = append(held, capacity.Lease{JobID: a.JobID, Attempt: a.Attempt})
 			}
 		}
 	}
@@ -111,6 +107,8 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 			r.log.Warn("announce lost job", "job_id", l.JobID, "err", err)
 		}
 	}
-	r.s.rdb.Del(ctx, r.s.lastKey(id), r.s.slotsKey(id))
+	if err := r.s.Forget(ctx, id); err != nil {
+		r.log.Warn("cannot remove what a dead worker left; it expires", "worker_id", id, "err", err)
+	}
 	r.log.Warn("worker lost", "worker_id", id, "pool", pool, "jobs", len(held))
 }

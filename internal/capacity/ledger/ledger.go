@@ -1,27 +1,28 @@
-package capacity
+// Package ledger is a worker's side of the fleet's capacity: it counts
+// what the worker's attempts hold, reserves and releases their slot leases
+// in Redis in batches, and writes the worker's heartbeat. Local accounting
+// is the first check and goes on alone while Redis is away.
+package ledger
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
-
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
-// ReporterConfig configures a worker's Reporter.
-type ReporterConfig struct {
+// Config configures a worker's Ledger.
+type Config struct {
 	WorkerID, Pool, Version string
 	// Backend names the executor: process, docker, kubernetes or noop.
 	Backend string
@@ -44,24 +45,24 @@ type ReporterConfig struct {
 	Logger   *slog.Logger
 }
 
-// Reporter is a worker's side of capacity: it reserves and releases slot
+// Ledger is a worker's side of capacity: it reserves and releases slot
 // leases, batching them into one Redis round trip, and writes the
 // heartbeat. Local accounting is the first check and goes on alone while
 // Redis is away; each heartbeat replaces the leases in Redis with the
 // local truth, which reconciles them after an outage.
 //
 // It implements worker.Capacity.
-type Reporter struct {
-	s   *Store
-	cfg ReporterConfig
+type Ledger struct {
+	s   *capacity.Store
+	cfg Config
 	log *slog.Logger
 
 	mu      sync.Mutex
-	leases  map[string]Lease // by field
+	leases  map[key]capacity.Lease
 	cpuUsed int64
 	memUsed int64
 	gpuUsed int
-	totals  totals
+	totals  capacity.Totals
 	backend *executor.Capacity
 	ops     []op
 	wake    chan struct{}
@@ -72,21 +73,26 @@ type Reporter struct {
 	calls metric.Int64Counter
 }
 
-type totals struct {
-	cpu, mem *int64
-	gpu      int
+// key names a lease in the ledger: one per attempt.
+type key struct {
+	job     string
+	attempt int
 }
+
+func keyOf(l capacity.Lease) key { return key{l.JobID, l.Attempt} }
 
 type op struct {
-	release bool
-	lease   Lease
-	reply   chan error // reservations only
+	capacity.LeaseOp
+	reply chan error // reservations only
 }
 
-var _ worker.Capacity = (*Reporter)(nil)
+var (
+	_ worker.Capacity = (*Ledger)(nil)
+	_ worker.Room     = (*Ledger)(nil)
+)
 
-// NewReporter returns a Reporter; Start starts its heartbeat.
-func NewReporter(s *Store, cfg ReporterConfig) *Reporter {
+// New returns a Ledger; Start starts its heartbeat.
+func New(s *capacity.Store, cfg Config) *Ledger {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 3 * time.Second
 	}
@@ -98,23 +104,26 @@ func NewReporter(s *Store, cfg ReporterConfig) *Reporter {
 	}
 	calls, _ := telemetry.Meter().Int64Counter("fleet.capacity.redis.calls",
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
-	return &Reporter{s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"),
-		leases: map[string]Lease{}, totals: totals{cpu: cfg.CPUMilli, mem: cfg.MemoryBytes, gpu: cfg.GPUs},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), calls: calls}
+	return &Ledger{
+		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls,
+		leases: map[key]capacity.Lease{},
+		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
+		wake:   make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
 }
 
 // ttl is how long the heartbeat lives: three intervals.
-func (r *Reporter) ttl() time.Duration { return 3 * r.cfg.Interval }
+func (r *Ledger) ttl() time.Duration { return 3 * r.cfg.Interval }
 
 // leaseTTL is how long the leases live: two intervals longer, so that the
 // reaper, which runs every interval, can read what a dead worker held after
 // its heartbeat is gone. A dead worker is out of every capacity view as
 // soon as its heartbeat expires.
-func (r *Reporter) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
+func (r *Ledger) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
 
 // Start writes the first heartbeat (or notes that Redis is away) and
 // starts the loop that batches leases and repeats the heartbeat.
-func (r *Reporter) Start(ctx context.Context) {
+func (r *Ledger) Start(ctx context.Context) {
 	r.refreshBackend(ctx)
 	r.heartbeat(ctx)
 	go r.loop()
@@ -122,21 +131,18 @@ func (r *Reporter) Start(ctx context.Context) {
 
 // Stop stops the heartbeat and removes the worker from Redis: a worker that
 // leaves cleanly does not wait for its keys to expire.
-func (r *Reporter) Stop(ctx context.Context) {
+func (r *Ledger) Stop(ctx context.Context) {
 	close(r.stop)
 	<-r.done
-	p := r.s.rdb.TxPipeline()
-	p.Del(ctx, r.s.hbKey(r.cfg.WorkerID), r.s.lastKey(r.cfg.WorkerID), r.s.slotsKey(r.cfg.WorkerID))
-	p.ZRem(ctx, r.s.poolKey(r.cfg.Pool), r.cfg.WorkerID)
-	if _, err := p.Exec(ctx); err != nil {
+	if err := r.s.Remove(ctx, r.cfg.WorkerID, r.cfg.Pool); err != nil {
 		r.log.Warn("could not remove the worker from Redis; its keys will expire", "err", err)
 	}
 }
 
 // Reserve takes a lease for an attempt: ErrNoCapacity if the worker has not
 // that much left, locally or as Redis counts it.
-func (r *Reporter) Reserve(ctx context.Context, res worker.Reservation) error {
-	l := Lease{JobID: res.JobID, Attempt: res.Attempt, CPUMilli: res.CPUMilli, MemoryBytes: res.MemoryBytes,
+func (r *Ledger) Reserve(ctx context.Context, res worker.Reservation) error {
+	l := capacity.Lease{JobID: res.JobID, Attempt: res.Attempt, CPUMilli: res.CPUMilli, MemoryBytes: res.MemoryBytes,
 		GPUs: res.GPUs, StartedAt: res.StartedAt}
 	r.mu.Lock()
 	if why := r.fitsLocked(l); why != "" {
@@ -145,7 +151,7 @@ func (r *Reporter) Reserve(ctx context.Context, res worker.Reservation) error {
 	}
 	r.addLocked(l)
 	reply := make(chan error, 1)
-	r.ops = append(r.ops, op{lease: l, reply: reply})
+	r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Lease: l}, reply: reply})
 	r.mu.Unlock()
 	r.poke()
 	select {
@@ -157,12 +163,11 @@ func (r *Reporter) Reserve(ctx context.Context, res worker.Reservation) error {
 }
 
 // Release gives a lease back. It does not wait for Redis.
-func (r *Reporter) Release(ctx context.Context, res worker.Reservation) error {
-	l := Lease{JobID: res.JobID, Attempt: res.Attempt}
+func (r *Ledger) Release(ctx context.Context, res worker.Reservation) error {
 	r.mu.Lock()
-	if held, ok := r.leases[l.field()]; ok {
+	if held, ok := r.leases[key{res.JobID, res.Attempt}]; ok {
 		r.removeLocked(held)
-		r.ops = append(r.ops, op{release: true, lease: held})
+		r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Release: true, Lease: held}})
 	}
 	r.mu.Unlock()
 	r.poke()
@@ -175,48 +180,48 @@ var defMem, _ = job.ParseMemory(job.DefaultMemory)
 
 // Room returns how many more jobs of the default size the worker's
 // resources hold, beyond its slots; large when they are unknown.
-func (r *Reporter) Room() int {
+func (r *Ledger) Room() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	room := 1 << 30
-	if t := r.totals.cpu; t != nil {
+	if t := r.totals.CPUMilli; t != nil {
 		room = min(room, int((*t-r.cpuUsed)/defCPU))
 	}
-	if t := r.totals.mem; t != nil {
+	if t := r.totals.MemoryBytes; t != nil {
 		room = min(room, int((*t-r.memUsed)/defMem))
 	}
 	return max(room, 0)
 }
 
-func (r *Reporter) fitsLocked(l Lease) string {
+func (r *Ledger) fitsLocked(l capacity.Lease) string {
 	switch {
 	case len(r.leases) >= r.cfg.Slots:
 		return "all slots are in use"
-	case r.totals.cpu != nil && r.cpuUsed+l.CPUMilli > *r.totals.cpu:
-		return fmt.Sprintf("needs %s CPU, %s left", job.FormatCPU(l.CPUMilli), job.FormatCPU(*r.totals.cpu-r.cpuUsed))
-	case r.totals.mem != nil && r.memUsed+l.MemoryBytes > *r.totals.mem:
-		return fmt.Sprintf("needs %s memory, %s left", job.FormatMemory(l.MemoryBytes), job.FormatMemory(*r.totals.mem-r.memUsed))
-	case l.GPUs > 0 && r.gpuUsed+l.GPUs > r.totals.gpu:
-		return fmt.Sprintf("needs %d GPUs, %d left", l.GPUs, r.totals.gpu-r.gpuUsed)
+	case r.totals.CPUMilli != nil && r.cpuUsed+l.CPUMilli > *r.totals.CPUMilli:
+		return fmt.Sprintf("needs %s CPU, %s left", job.FormatCPU(l.CPUMilli), job.FormatCPU(*r.totals.CPUMilli-r.cpuUsed))
+	case r.totals.MemoryBytes != nil && r.memUsed+l.MemoryBytes > *r.totals.MemoryBytes:
+		return fmt.Sprintf("needs %s memory, %s left", job.FormatMemory(l.MemoryBytes), job.FormatMemory(*r.totals.MemoryBytes-r.memUsed))
+	case l.GPUs > 0 && r.gpuUsed+l.GPUs > r.totals.GPUs:
+		return fmt.Sprintf("needs %d GPUs, %d left", l.GPUs, r.totals.GPUs-r.gpuUsed)
 	}
 	return ""
 }
 
-func (r *Reporter) addLocked(l Lease) {
-	r.leases[l.field()] = l
+func (r *Ledger) addLocked(l capacity.Lease) {
+	r.leases[keyOf(l)] = l
 	r.cpuUsed += l.CPUMilli
 	r.memUsed += l.MemoryBytes
 	r.gpuUsed += l.GPUs
 }
 
-func (r *Reporter) removeLocked(l Lease) {
-	delete(r.leases, l.field())
+func (r *Ledger) removeLocked(l capacity.Lease) {
+	delete(r.leases, keyOf(l))
 	r.cpuUsed -= l.CPUMilli
 	r.memUsed -= l.MemoryBytes
 	r.gpuUsed -= l.GPUs
 }
 
-func (r *Reporter) poke() {
+func (r *Ledger) poke() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -225,7 +230,7 @@ func (r *Reporter) poke() {
 
 // loop sends queued lease operations to Redis in batches, and the
 // heartbeat every interval.
-func (r *Reporter) loop() {
+func (r *Ledger) loop() {
 	defer close(r.done)
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
@@ -246,7 +251,7 @@ func (r *Reporter) loop() {
 }
 
 // flush sends every queued operation in one script call.
-func (r *Reporter) flush(ctx context.Context) {
+func (r *Ledger) flush(ctx context.Context) {
 	r.mu.Lock()
 	ops := r.ops
 	r.ops = nil
@@ -256,8 +261,10 @@ func (r *Reporter) flush(ctx context.Context) {
 		return
 	}
 	var reserves []op
-	for _, o := range ops {
-		if !o.release {
+	batch := make([]capacity.LeaseOp, len(ops))
+	for i, o := range ops {
+		batch[i] = o.LeaseOp
+		if !o.Release {
 			reserves = append(reserves, o)
 		}
 	}
@@ -265,7 +272,7 @@ func (r *Reporter) flush(ctx context.Context) {
 	var err error
 	if !outage {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		replies, err = r.s.apply(cctx, r.cfg.WorkerID, r.leaseTTL(), ops)
+		replies, err = r.s.ApplyLeases(cctx, r.cfg.WorkerID, r.leaseTTL(), batch)
 		cancel()
 		r.calls.Add(ctx, 1)
 		if err != nil {
@@ -278,18 +285,19 @@ func (r *Reporter) flush(ctx context.Context) {
 			continue
 		}
 		switch s := replies[i]; s {
-		case "ok", "dup", "unknown":
+		case capacity.LeaseOK, capacity.LeaseDup, capacity.LeaseUnknown:
 			o.reply <- nil
 		default:
 			r.mu.Lock()
-			r.removeLocked(o.lease)
+			r.removeLocked(o.Lease)
 			r.mu.Unlock()
-			o.reply <- fmt.Errorf("%w: Redis counts %s full for this worker", worker.ErrNoCapacity, s[len("no:"):])
+			o.reply <- fmt.Errorf("%w: Redis counts %s full for this worker", worker.ErrNoCapacity,
+				strings.TrimPrefix(s, capacity.LeaseRefusedPrefix))
 		}
 	}
 }
 
-func (r *Reporter) noteOutage(err error) {
+func (r *Ledger) noteOutage(err error) {
 	r.mu.Lock()
 	first := !r.outage
 	r.outage = true
@@ -299,7 +307,7 @@ func (r *Reporter) noteOutage(err error) {
 	}
 }
 
-func (r *Reporter) refreshBackend(ctx context.Context) {
+func (r *Ledger) refreshBackend(ctx context.Context) {
 	if r.cfg.Platform == nil {
 		return
 	}
@@ -314,27 +322,27 @@ func (r *Reporter) refreshBackend(ctx context.Context) {
 	}
 	r.backend = bc
 	if r.cfg.CPUMilli == nil {
-		r.totals.cpu = bc.CPUMilli
+		r.totals.CPUMilli = bc.CPUMilli
 	}
 	if r.cfg.MemoryBytes == nil {
-		r.totals.mem = bc.MemoryBytes
+		r.totals.MemoryBytes = bc.MemoryBytes
 	}
 	if r.cfg.GPUs == 0 {
-		r.totals.gpu = bc.GPUs
+		r.totals.GPUs = bc.GPUs
 	}
 }
 
 // Snapshot builds the worker's heartbeat document.
-func (r *Reporter) Snapshot() *job.Heartbeat {
+func (r *Ledger) Snapshot() *job.Heartbeat {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	hb := &job.Heartbeat{
 		WorkerID: r.cfg.WorkerID, Pool: r.cfg.Pool, Backend: r.cfg.Backend, Labels: r.cfg.Labels,
 		Version: r.cfg.Version, ObservedAt: time.Now().UTC(), Health: job.HealthHealthy,
 		Slots:       job.Slots{Total: r.cfg.Slots, Used: len(r.leases), Available: max(0, r.cfg.Slots-len(r.leases))},
-		CPUMilli:    amount(r.totals.cpu, r.cpuUsed),
-		MemoryBytes: amount(r.totals.mem, r.memUsed),
-		GPUs:        job.GPUs{Total: r.totals.gpu, Reserved: r.gpuUsed},
+		CPUMilli:    amount(r.totals.CPUMilli, r.cpuUsed),
+		MemoryBytes: amount(r.totals.MemoryBytes, r.memUsed),
+		GPUs:        job.GPUs{Total: r.totals.GPUs, Reserved: r.gpuUsed},
 		Running:     make([]job.RunningAttempt, 0, len(r.leases)),
 	}
 	for _, l := range r.leases {
@@ -348,7 +356,7 @@ func (r *Reporter) Snapshot() *job.Heartbeat {
 		}
 	}
 	if hb.Host == nil {
-		hb.Host = LocalHost()
+		hb.Host = capacity.LocalHost()
 	}
 	if r.cfg.Draining() {
 		hb.Health = job.HealthDraining
@@ -367,36 +375,20 @@ func amount(total *int64, used int64) job.Amount {
 
 // heartbeat writes the snapshot, refreshes the pool index and replaces the
 // leases in Redis with the local ones, in one round trip.
-func (r *Reporter) heartbeat(ctx context.Context) {
-	hb := r.Snapshot()
-	data, err := json.Marshal(hb)
-	if err != nil {
-		r.log.Error("encode heartbeat", "err", err)
-		return
-	}
+func (r *Ledger) heartbeat(ctx context.Context) {
+	b := capacity.Beat{Heartbeat: r.Snapshot(), TTL: r.ttl(), LeaseTTL: r.leaseTTL()}
 	r.mu.Lock()
-	args := syncArgs(r.leaseTTL(), r.cfg.Slots, r.totals, r.leases)
+	b.Totals = r.totals
+	b.Leases = make([]capacity.Lease, 0, len(r.leases))
+	for _, l := range r.leases {
+		b.Leases = append(b.Leases, l)
+	}
 	r.mu.Unlock()
 
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	r.calls.Add(ctx, 1)
-	id := r.cfg.WorkerID
-	_, err = r.s.rdb.Pipelined(cctx, func(p redis.Pipeliner) error {
-		p.Set(cctx, r.s.hbKey(id), data, r.ttl())
-		p.Set(cctx, r.s.lastKey(id), data, 0)
-		p.ZAdd(cctx, r.s.poolKey(r.cfg.Pool), redis.Z{Score: float64(time.Now().UnixMilli()), Member: id})
-		p.SAdd(cctx, r.s.poolsKey(), r.cfg.Pool)
-		syncScript.Run(cctx, p, []string{r.s.slotsKey(id)}, args...)
-		return nil
-	})
-	if isNoScript(err) {
-		// The script cache was flushed (a Redis restart): load and retry.
-		if lerr := syncScript.Load(cctx, r.s.rdb).Err(); lerr == nil {
-			err = syncScript.Run(cctx, r.s.rdb, []string{r.s.slotsKey(id)}, args...).Err()
-		}
-	}
-	if err != nil {
+	if err := r.s.Beat(cctx, b); err != nil {
 		r.noteOutage(err)
 		return
 	}
@@ -408,41 +400,4 @@ func (r *Reporter) heartbeat(ctx context.Context) {
 	if was {
 		r.log.Info("Redis is reachable again; leases reconciled", "running", n)
 	}
-}
-
-func orUnknown(v *int64) string {
-	if v == nil {
-		return "-1"
-	}
-	return strconv.FormatInt(*v, 10)
-}
-
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
-
-// apply runs a batch of lease operations on a worker's hash in one script
-// call, and returns the answers to the reservations, in order.
-func (s *Store) apply(ctx context.Context, worker string, ttl time.Duration, ops []op) ([]string, error) {
-	args := []any{ttl.Milliseconds()}
-	for _, o := range ops {
-		if o.release {
-			args = append(args, "-", o.lease.field())
-		} else {
-			args = append(args, "+", o.lease.field(), o.lease.CPUMilli, o.lease.MemoryBytes, o.lease.GPUs)
-		}
-	}
-	replies, err := leaseScript.Run(ctx, s.rdb, []string{s.slotsKey(worker)}, args...).StringSlice()
-	if err != nil {
-		return nil, fmt.Errorf("leases of %s: %w", worker, err)
-	}
-	return replies, nil
-}
-
-func syncArgs(ttl time.Duration, slots int, t totals, leases map[string]Lease) []any {
-	args := []any{ttl.Milliseconds(), slots, orUnknown(t.cpu), orUnknown(t.mem), t.gpu}
-	for f, l := range leases {
-		args = append(args, f, l.CPUMilli, l.MemoryBytes, l.GPUs)
-	}
-	return args
 }
