@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	_ "net/http/pprof" // served only with --pprof
@@ -134,8 +135,40 @@ func run(args []string) error {
 		}
 	}
 
+	// What runs in the background starts in order and stops in the
+	// reverse order: the API and the reaper before the dispatcher they
+	// use, the dispatcher before the admission view it asks and before
+	// the connections go.
+	var running []service
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		go func() {
+			select {
+			case <-second:
+				log.Warn("second signal: stopping now")
+				cancel()
+			case <-sctx.Done():
+			}
+		}()
+		for i := len(running) - 1; i >= 0; i-- {
+			if err := running[i].Stop(sctx); err != nil {
+				log.Warn("stop", "err", err)
+			}
+		}
+	}()
+	start := func(s service) error {
+		setup, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := s.Start(setup); err != nil {
+			return err
+		}
+		running = append(running, s)
+		return nil
+	}
+
 	var caps *capacity.Store
-	var admission dispatcher.Admission
+	var admission *monitor.Admission
 	if f.redis.URL != "" {
 		// go-redis' global logger: its lines go to debug, since admission
 		// and the reaper report an outage themselves (set here, not by the
@@ -144,13 +177,13 @@ func run(args []string) error {
 		if caps, err = f.redis.Open(f.prefix); err != nil {
 			return err
 		}
-		defer caps.Close()
-		adm, err := monitor.NewAdmission(caps, f.admission, log)
-		if err != nil {
+		running = append(running, closer(caps.Close))
+		if admission, err = monitor.NewAdmission(caps, f.admission, log); err != nil {
 			return err
 		}
-		go adm.Run(ctx)
-		admission = adm
+		if err := start(admission); err != nil {
+			return err
+		}
 	}
 
 	cc, err := f.nats.Config("fleet-dispatcher", log)
@@ -161,21 +194,22 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	running = append(running, closer(nc.Drain))
 
-	d, err := dispatcher.New(nc, dispatcher.Config{
+	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore},
-		Limits:    job.Limits{MaxRequestBytes: f.maxRequest},
-		Admission: admission,
-		Logger:    log,
-	})
+		Limits: job.Limits{MaxRequestBytes: f.maxRequest},
+		Logger: log,
+	}
+	if admission != nil {
+		cfg.Admission = admission
+	}
+	d, err := dispatcher.New(nc, cfg)
 	if err != nil {
 		return err
 	}
-	setup, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := d.Start(setup); err != nil {
+	if err := start(d); err != nil {
 		return err
 	}
 
@@ -187,44 +221,72 @@ func run(args []string) error {
 	api.Handle("GET /metrics", tel.Metrics)
 	if caps != nil {
 		api.ServeCapacity(caps)
-		go monitor.NewReaper(caps, f.heartbeat, d.Announce, log).Run(ctx)
+		reaper := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: f.heartbeat, Announce: d.Announce,
+			Requeue: d.Requeue, Logger: log})
+		if err := start(reaper); err != nil {
+			return err
+		}
 	}
 	if f.pprof {
 		api.Handle("/debug/pprof/", http.DefaultServeMux)
 	}
-	srv := &http.Server{Handler: handler(api), TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
-	ln, err := net.Listen("tcp", f.httpAddr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", f.httpAddr, err)
+	srv := &server{Server: &http.Server{Handler: handler(api), TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10},
+		addr: f.httpAddr, cert: f.tlsCert, key: f.tlsKey, log: log}
+	if err := start(srv); err != nil {
+		return err
 	}
+	log.Info("dispatcher ready", "http", srv.ln.Addr().String(), "nats", nc.ConnectedUrlRedacted(), "version", version.Version)
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+		return nil
+	case err := <-srv.failed:
+		return err
+	}
+}
+
+// service is what the dispatcher runs in the background.
+type service interface {
+	Start(context.Context) error
+	Stop(context.Context) error
+}
+
+// closer is a connection to close in its turn.
+type closer func() error
+
+func (c closer) Start(context.Context) error { return nil }
+func (c closer) Stop(context.Context) error  { return c() }
+
+// server serves the HTTP API.
+type server struct {
+	*http.Server
+	addr, cert, key string
+	log             *slog.Logger
+	ln              net.Listener
+	failed          chan error
+}
+
+func (s *server) Start(context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.addr, err)
+	}
+	s.ln, s.failed = ln, make(chan error, 1)
 	go func() {
-		serve := func() error { return srv.Serve(ln) }
-		if tlsConfig != nil {
-			serve = func() error { return srv.ServeTLS(ln, f.tlsCert, f.tlsKey) }
+		serve := func() error { return s.Serve(ln) }
+		if s.TLSConfig != nil {
+			serve = func() error { return s.ServeTLS(ln, s.cert, s.key) }
 		}
 		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("HTTP server failed", "err", err)
+			s.failed <- fmt.Errorf("HTTP server: %w", err)
 		}
 	}()
-	log.Info("dispatcher ready", "http", ln.Addr().String(), "nats", nc.ConnectedUrlRedacted(), "version", version.Version)
-
-	<-ctx.Done()
-	log.Info("shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer scancel()
-	go func() {
-		<-second
-		log.Warn("second signal: stopping now")
-		scancel()
-	}()
-	_ = srv.Shutdown(sctx)
-	if err := d.Stop(sctx); err != nil {
-		log.Warn("stop", "err", err)
-	}
-	_ = nc.Drain()
 	return nil
 }
+
+func (s *server) Stop(ctx context.Context) error { return s.Shutdown(ctx) }
 
 // guard decides how the HTTP API is protected: tokens, client certificates,
 // or nothing, which is allowed only on loopback or with --insecure-http.

@@ -191,7 +191,9 @@ func run(args []string) error {
 	setup, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if led != nil {
-		led.Start(setup)
+		if err := led.Start(setup); err != nil {
+			return err
+		}
 	}
 	if err := w.Start(setup); err != nil {
 		return err
@@ -231,7 +233,9 @@ func run(args []string) error {
 	_ = w.Stop(dctx)
 	if led != nil {
 		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Second)
-		led.Stop(rctx)
+		if err := led.Stop(rctx); err != nil {
+			log.Warn("stop", "err", err)
+		}
 		rcancel()
 	}
 	_ = nc.Drain()

@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,10 +21,16 @@ type Lease struct {
 	MemoryBytes int64     `json:"memory_bytes"`
 	GPUs        int       `json:"gpus"`
 	StartedAt   time.Time `json:"started_at"`
+	// Handle is the ack subject of the job message the attempt runs: a nak
+	// through it gives the job back to its pool at once.
+	Handle string `json:"-"`
 }
 
 // field names the lease in the worker's slots hash.
 func (l Lease) field() string { return fmt.Sprintf("l:%s/%d", l.JobID, l.Attempt) }
+
+// handle is the lease's handle as stored: "-" when it has none.
+func (l Lease) handle() string { return cmp.Or(l.Handle, "-") }
 
 // LeaseOp is one operation of a batch: a reservation, or the release of
 // the lease of the same job and attempt.
@@ -50,7 +57,7 @@ func (s *Store) ApplyLeases(ctx context.Context, worker string, ttl time.Duratio
 		if o.Release {
 			args = append(args, "-", o.Lease.field())
 		} else {
-			args = append(args, "+", o.Lease.field(), o.Lease.CPUMilli, o.Lease.MemoryBytes, o.Lease.GPUs)
+			args = append(args, "+", o.Lease.field(), o.Lease.CPUMilli, o.Lease.MemoryBytes, o.Lease.GPUs, o.Lease.handle())
 		}
 	}
 	replies, err := leaseScript.Run(ctx, s.rdb, []string{s.slotsKey(worker)}, args...).StringSlice()
@@ -146,7 +153,23 @@ func orUnknown(v *int64) string {
 func syncArgs(ttl time.Duration, t Totals, leases []Lease) []any {
 	args := []any{ttl.Milliseconds(), t.Slots, orUnknown(t.CPUMilli), orUnknown(t.MemoryBytes), t.GPUs}
 	for _, l := range leases {
-		args = append(args, l.field(), l.CPUMilli, l.MemoryBytes, l.GPUs)
+		args = append(args, l.field(), l.CPUMilli, l.MemoryBytes, l.GPUs, l.handle())
 	}
 	return args
+}
+
+// Holds reports whether worker is alive (its heartbeat has not expired) and
+// holds the lease of a job's attempt: then it still runs it.
+func (s *Store) Holds(ctx context.Context, worker, jobID string, attempt int) (bool, error) {
+	var alive *redis.IntCmd
+	var held *redis.BoolCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		alive = p.Exists(ctx, s.hbKey(worker))
+		held = p.HExists(ctx, s.slotsKey(worker), Lease{JobID: jobID, Attempt: attempt}.field())
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("leases of %s: %w", worker, err)
+	}
+	return alive.Val() == 1 && held.Val(), nil
 }

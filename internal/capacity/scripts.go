@@ -8,7 +8,11 @@ import "github.com/redis/go-redis/v9"
 //
 //	slots, cpu, mem, gpu                 the worker's totals; -1 when unknown
 //	used, cpu_used, mem_used, gpu_used   what its leases hold together
-//	l:<job_id>/<attempt>                 one lease: "<cpu_milli> <memory_bytes> <gpus>"
+//	l:<job_id>/<attempt>                 one lease: "<cpu_milli> <memory_bytes> <gpus> <handle>"
+//
+// A lease's handle is the ack subject of the job message its attempt
+// runs, "-" when there is none: when the worker dies, the reaper naks the
+// message through it, and JetStream delivers the job again at once.
 //
 // It expires with the worker's heartbeat, so a dead worker's leases vanish
 // by themselves.
@@ -21,7 +25,7 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[1] -> TTL of the hash, in milliseconds
 //	ARGV[2..] -> operations, one after another:
 //	             "-", field                      release the lease named field
-//	             "+", field, cpu, mem, gpu       reserve a lease
+//	             "+", field, cpu, mem, gpu, handle   reserve a lease
 //	Output: one string per reservation, in order:
 //	             "ok"       reserved
 //	             "dup"      the lease was already held
@@ -47,8 +51,8 @@ while i <= #ARGV do
     end
     i = i + 2
   else
-    local c, m, g = tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), tonumber(ARGV[i+4])
-    i = i + 5
+    local c, m, g, h = tonumber(ARGV[i+2]), tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), ARGV[i+5]
+    i = i + 6
     if redis.call('HEXISTS', key, f) == 1 then
       table.insert(out, 'dup')
     elseif not t[1] then
@@ -66,7 +70,7 @@ while i <= #ARGV do
       elseif g > 0 and gu + g > gpu then
         table.insert(out, 'no:gpu')
       else
-        redis.call('HSET', key, f, c .. ' ' .. m .. ' ' .. g)
+        redis.call('HSET', key, f, c .. ' ' .. m .. ' ' .. g .. ' ' .. h)
         redis.call('HINCRBY', key, 'used', 1)
         redis.call('HINCRBY', key, 'cpu_used', c)
         redis.call('HINCRBY', key, 'mem_used', m)
@@ -88,7 +92,7 @@ return out
 //	KEYS[1] -> fleet:{w:<worker>}:slots
 //	ARGV[1] -> TTL of the hash, in milliseconds
 //	ARGV[2..5] -> totals: slots, cpu, mem, gpu (-1 when unknown)
-//	ARGV[6..] -> leases, four values each: field, cpu, mem, gpu
+//	ARGV[6..] -> leases, five values each: field, cpu, mem, gpu, handle
 //	Output: the number of leases written
 var syncScript = redis.NewScript(`
 local key = KEYS[1]
@@ -97,9 +101,9 @@ local used, cu, mu, gu = 0, 0, 0, 0
 local i = 6
 while i <= #ARGV do
   local c, m, g = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
-  redis.call('HSET', key, ARGV[i], c .. ' ' .. m .. ' ' .. g)
+  redis.call('HSET', key, ARGV[i], c .. ' ' .. m .. ' ' .. g .. ' ' .. ARGV[i+4])
   used, cu, mu, gu = used + 1, cu + c, mu + m, gu + g
-  i = i + 4
+  i = i + 5
 end
 redis.call('HSET', key, 'slots', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'gpu', ARGV[5],
   'used', used, 'cpu_used', cu, 'mem_used', mu, 'gpu_used', gu)

@@ -149,6 +149,9 @@ func (s *Store) Leases(ctx context.Context, worker string) ([]Lease, error) {
 		if _, err := fmt.Sscanf(v, "%d %d %d", &l.CPUMilli, &l.MemoryBytes, &l.GPUs); err != nil {
 			continue
 		}
+		if f := strings.Fields(v); len(f) > 3 && f[3] != "-" {
+			l.Handle = f[3]
+		}
 		out = append(out, l)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })

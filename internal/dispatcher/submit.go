@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -228,4 +229,15 @@ func (d *Dispatcher) Announce(ctx context.Context, e *job.Event) error {
 	m.Header.Set(queue.HeaderMsgID, fmt.Sprintf("%s/%d/%s", e.JobID, e.Attempt, e.Phase))
 	_, err = queue.Publish(ctx, d.js, m)
 	return err
+}
+
+// Requeue gives a job back to its pool at once through the ack subject of
+// its message (a lease's handle): the reaper calls it for the jobs of a
+// worker that died. Only an ack subject of the jobs stream is accepted: a
+// handle comes from Redis, where any worker writes.
+func (d *Dispatcher) Requeue(ctx context.Context, handle string) error {
+	if !strings.HasPrefix(handle, "$JS.ACK."+d.names.JobsStream()+".") || strings.ContainsAny(handle, " *>\t\r\n") {
+		return fmt.Errorf("%q is not the ack subject of a job message", handle)
+	}
+	return d.nc.Publish(handle, []byte("-NAK"))
 }

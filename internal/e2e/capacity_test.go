@@ -89,7 +89,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 	t.Logf("worker gone %s after the kill", time.Since(killed).Round(10*time.Millisecond))
 
 	// The reaper announces the job the worker held.
-	dead, err := monitor.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, fleettest.Logger(t)).Reap(ctx)
+	dead, err := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: 300 * time.Millisecond, Announce: f.Dispatcher.Announce, Logger: fleettest.Logger(t)}).Reap(ctx)
 	if err != nil || len(dead) != 1 || dead[0] != "mortal" {
 		t.Fatalf("reaped %v, %v", dead, err)
 	}
@@ -109,7 +109,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 		t.Fatalf("worker_lost event: %+v", lost)
 	}
 	// A second reaper (another dispatcher) finds nothing left to do.
-	if dead, _ := monitor.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, nil).Reap(ctx); len(dead) != 0 {
+	if dead, _ := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: 300 * time.Millisecond, Announce: f.Dispatcher.Announce}).Reap(ctx); len(dead) != 0 {
 		t.Errorf("reaped twice: %v", dead)
 	}
 	// And nothing of the dead worker is left in Redis.
@@ -129,7 +129,10 @@ func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			go adm.Run(ctx)
+			if err := adm.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = adm.Stop(context.Background()) })
 			f := fleettest.Start(t, func(c *dispatcher.Config) { c.Admission = adm })
 			// The worker starts after the view was read, and the requests
 			// come at once: admission reads the view again before it
@@ -265,5 +268,54 @@ func TestCapacityRoutesAnswerFromTheHeartbeats(t *testing.T) {
 	var e map[string]string
 	if code := get("/v1/capacity", &e); code != http.StatusServiceUnavailable || e["error"] == "" || strings.Contains(e["error"], "127.0.0.1") {
 		t.Errorf("GET /v1/capacity with Redis down: %d %v, want 503 and an error that names no address", code, e)
+	}
+}
+
+// TestKilledWorkersJobsRunAgainWithinTheTTL SIGKILLs a worker that runs
+// jobs: the reaper gives them back to the pool as soon as the worker's
+// heartbeat expires, and another worker starts them within the heartbeat
+// TTL and a second of the kill, not after the ack wait.
+func TestKilledWorkersJobsRunAgainWithinTheTTL(t *testing.T) {
+	const interval = time.Second
+	ttl := 3 * interval
+	rs := redistest.Start(t)
+	caps := openCapacity(t, rs.URL())
+	f := fleettest.Start(t)
+	reaper := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: interval, Announce: f.Dispatcher.Announce,
+		Requeue: f.Dispatcher.Requeue, Logger: fleettest.Logger(t)})
+	if err := reaper.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = reaper.Stop(context.Background()) })
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
+	args := func(id string) []string {
+		return []string{"--id", id, "--slots", "4", "--heartbeat-interval", interval.String(), "--ack-wait", "30s", "--grace", "100ms"}
+	}
+	mortal := fleettest.StartProc(t, "worker", env, args("mortal")...)
+	mortal.WaitOutput(t, "worker started", 20*time.Second)
+	var ids []string
+	for i := range 4 {
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("held-%d", i), Command: []string{"sleep", "3"}}))
+	}
+	ctx := context.Background()
+	waitFor(t, "the mortal worker to hold the jobs", 10*time.Second, func() bool {
+		u, err := caps.Usage(ctx, "mortal")
+		return err == nil && u.SlotsUsed == len(ids)
+	})
+	fleettest.StartProc(t, "worker", env, args("survivor")...).WaitOutput(t, "worker started", 20*time.Second)
+	mortal.Kill()
+	killed := time.Now()
+
+	for _, id := range ids {
+		r := f.Await(t, id, 30*time.Second)
+		if r.Status != job.StatusSucceeded || r.WorkerID != "survivor" || r.Attempts != 2 || len(r.History) != 1 ||
+			r.History[0].Failure == nil || r.History[0].Failure.Code != job.CodeWorkerLost {
+			t.Fatalf("%s: %s on %s after %d attempts, history %+v", id, r.Status, r.WorkerID, r.Attempts, r.History)
+		}
+		again := r.StartedAt.Sub(killed)
+		t.Logf("%s: running again %s after the kill (heartbeat TTL %s)", id, again.Round(10*time.Millisecond), ttl)
+		if again > ttl+time.Second {
+			t.Errorf("%s ran again %s after its worker was killed, more than the heartbeat TTL %s and a second", id, again, ttl)
+		}
 	}
 }

@@ -51,7 +51,10 @@ func haFleet(t *testing.T, caps *capacity.Store) *fleettest.Fleet {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go adm.Run(ctx)
+	if err := adm.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = adm.Stop(context.Background()) })
 	return fleettest.Start(t, func(c *dispatcher.Config) { c.Admission = adm })
 }
 
@@ -236,7 +239,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 		hbs, err := caps.Workers(ctx, "doomed")
 		return err == nil && len(hbs) == 0
 	})
-	dead, err := monitor.NewReaper(caps, 300*time.Millisecond, f.Dispatcher.Announce, fleettest.Logger(t)).Reap(ctx)
+	dead, err := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: 300 * time.Millisecond, Announce: f.Dispatcher.Announce, Logger: fleettest.Logger(t)}).Reap(ctx)
 	if err != nil || fmt.Sprint(dead) != "[cl-doomed]" {
 		t.Fatalf("reaped %v, %v", dead, err)
 	}

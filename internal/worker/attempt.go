@@ -203,7 +203,7 @@ func (a *attempt) run(ctx context.Context, act action) error {
 		req.Resources.Memory = a.rec.MemoryOverride
 	}
 	res := Reservation{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(),
-		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now()}
+		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now(), Handle: a.msg.Reply()}
 	// The slot is reserved while the record is written: two round trips
 	// at once, not one after the other.
 	reserved := func() error { return nil }

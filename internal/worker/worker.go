@@ -79,6 +79,9 @@ type Reservation struct {
 	MemoryBytes int64
 	GPUs        int
 	StartedAt   time.Time
+	// Handle is the ack subject of the job message: through it, the fleet
+	// gives the job back to its pool at once if the worker dies.
+	Handle string
 }
 
 // Holder is implemented by a Capacity that can tell whether another worker

@@ -51,7 +51,7 @@ type Config struct {
 // Redis is away; each heartbeat replaces the leases in Redis with the
 // local truth, which reconciles them after an outage.
 //
-// It implements worker.Capacity.
+// It implements worker.Capacity, worker.Holder and worker.Room.
 type Ledger struct {
 	s   *capacity.Store
 	cfg Config
@@ -88,6 +88,7 @@ type op struct {
 
 var (
 	_ worker.Capacity = (*Ledger)(nil)
+	_ worker.Holder   = (*Ledger)(nil)
 	_ worker.Room     = (*Ledger)(nil)
 )
 
@@ -123,27 +124,33 @@ func (r *Ledger) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
 
 // Start writes the first heartbeat (or notes that Redis is away) and
 // starts the loop that batches leases and repeats the heartbeat.
-func (r *Ledger) Start(ctx context.Context) {
+func (r *Ledger) Start(ctx context.Context) error {
 	r.refreshBackend(ctx)
 	r.heartbeat(ctx)
 	go r.loop()
+	return nil
 }
 
 // Stop stops the heartbeat and removes the worker from Redis: a worker that
 // leaves cleanly does not wait for its keys to expire.
-func (r *Ledger) Stop(ctx context.Context) {
+func (r *Ledger) Stop(ctx context.Context) error {
 	close(r.stop)
-	<-r.done
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return fmt.Errorf("stop ledger: %w", ctx.Err())
+	}
 	if err := r.s.Remove(ctx, r.cfg.WorkerID, r.cfg.Pool); err != nil {
 		r.log.Warn("could not remove the worker from Redis; its keys will expire", "err", err)
 	}
+	return nil
 }
 
 // Reserve takes a lease for an attempt: ErrNoCapacity if the worker has not
 // that much left, locally or as Redis counts it.
 func (r *Ledger) Reserve(ctx context.Context, res worker.Reservation) error {
 	l := capacity.Lease{JobID: res.JobID, Attempt: res.Attempt, CPUMilli: res.CPUMilli, MemoryBytes: res.MemoryBytes,
-		GPUs: res.GPUs, StartedAt: res.StartedAt}
+		GPUs: res.GPUs, StartedAt: res.StartedAt, Handle: res.Handle}
 	r.mu.Lock()
 	if why := r.fitsLocked(l); why != "" {
 		r.mu.Unlock()
@@ -160,6 +167,14 @@ func (r *Ledger) Reserve(ctx context.Context, res worker.Reservation) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Holds implements worker.Holder: whether another worker is alive and holds
+// the lease of a job's attempt.
+func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return r.s.Holds(ctx, workerID, jobID, attempt)
 }
 
 // Release gives a lease back. It does not wait for Redis.

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/loop"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -53,6 +54,9 @@ type Admission struct {
 	workers []*job.Heartbeat
 	fresh   time.Time
 	lastErr error
+
+	loop  loop.Every
+	gauge metric.Registration
 }
 
 type poolView struct {
@@ -79,22 +83,21 @@ func NewAdmission(s *capacity.Store, mode string, log *slog.Logger) (*Admission,
 	return &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}, nil
 }
 
-// Run refreshes the view every second until ctx ends. The view also feeds
-// the fleet.pool.slots and fleet.worker.heartbeat.age gauges.
-func (a *Admission) Run(ctx context.Context) {
+// Start refreshes the view now and then every second, until Stop. The view
+// also feeds the fleet.pool.slots and fleet.worker.heartbeat.age gauges.
+func (a *Admission) Start(ctx context.Context) error {
 	if reg, err := a.observe(); err == nil {
-		defer reg.Unregister()
+		a.gauge = reg
 	}
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		a.refresh(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	return a.loop.Start(ctx, time.Second, a.refresh)
+}
+
+// Stop stops refreshing the view.
+func (a *Admission) Stop(ctx context.Context) error {
+	if a.gauge != nil {
+		_ = a.gauge.Unregister()
 	}
+	return a.loop.Stop(ctx)
 }
 
 func (a *Admission) refresh(ctx context.Context) {

@@ -1,52 +1,66 @@
 package monitor
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/loop"
 	"github.com/fleet-dev/fleet/job"
 )
 
-// Reaper notices workers whose heartbeat expired, announces each job they
-// held, and cleans their index entries. Several dispatchers may run one:
-// removing a worker from its pool's index is atomic, and only the one that
-// removes it announces.
+// Reaper notices workers whose heartbeat expired, gives each job they held
+// back to its pool at once, announces it, and cleans their index entries.
+// Several dispatchers may run one: removing a worker from its pool's index
+// is atomic, and only the one that removes it acts.
 type Reaper struct {
-	s        *capacity.Store
-	interval time.Duration
-	announce func(context.Context, *job.Event) error
-	log      *slog.Logger
+	s    *capacity.Store
+	cfg  ReaperConfig
+	log  *slog.Logger
+	loop loop.Every
 }
 
-// NewReaper returns a Reaper that looks every interval (the workers'
-// heartbeat interval) and announces lost jobs with announce.
-func NewReaper(s *capacity.Store, interval time.Duration, announce func(context.Context, *job.Event) error, log *slog.Logger) *Reaper {
-	if interval <= 0 {
-		interval = 3 * time.Second
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	return &Reaper{s: s, interval: interval, announce: announce, log: log.With("component", "reaper")}
+// ReaperConfig configures a Reaper.
+type ReaperConfig struct {
+	// Interval is the workers' heartbeat interval: a worker is dead once
+	// its heartbeat is three intervals old. Defaults to 3 seconds.
+	Interval time.Duration
+	// Every is how often the reaper looks. Defaults to half a second, so
+	// that a dead worker's jobs run again within a second of its heartbeat
+	// expiring.
+	Every time.Duration
+	// Announce publishes an event about a lost job.
+	Announce func(context.Context, *job.Event) error
+	// Requeue gives a lost job back to its pool through its lease's handle
+	// (the ack subject of its message). Optional: without it, the job comes
+	// back when its ack wait ends.
+	Requeue func(ctx context.Context, handle string) error
+	Logger  *slog.Logger
 }
 
-// Run reaps until ctx ends.
-func (r *Reaper) Run(ctx context.Context) {
-	t := time.NewTicker(r.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if _, err := r.Reap(ctx); err != nil {
-				r.log.Debug("reap", "err", err)
-			}
+// NewReaper returns a Reaper; Start starts it.
+func NewReaper(s *capacity.Store, cfg ReaperConfig) *Reaper {
+	cfg.Interval = cmp.Or(cfg.Interval, 3*time.Second)
+	cfg.Every = cmp.Or(cfg.Every, 500*time.Millisecond)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Reaper{s: s, cfg: cfg, log: cfg.Logger.With("component", "reaper")}
+}
+
+// Start starts reaping in the background.
+func (r *Reaper) Start(ctx context.Context) error {
+	return r.loop.Start(ctx, r.cfg.Every, func(ctx context.Context) {
+		if _, err := r.Reap(ctx); err != nil {
+			r.log.Debug("reap", "err", err)
 		}
-	}
+	})
 }
+
+// Stop stops reaping and waits, until ctx ends, for a round under way.
+func (r *Reaper) Stop(ctx context.Context) error { return r.loop.Stop(ctx) }
 
 // Reap looks once, and returns the workers it found dead.
 func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
@@ -57,7 +71,7 @@ func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
 	var dead []string
 	// A worker that missed one beat is a candidate; its heartbeat key
 	// tells whether it is gone (after three).
-	stale := time.Now().Add(-r.interval)
+	stale := time.Now().Add(-r.cfg.Interval)
 	for _, pool := range pools {
 		ids, err := r.s.Stale(ctx, pool, stale)
 		if err != nil {
@@ -96,15 +110,24 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 		}
 	}
 	for _, l := range held {
+		back := "the job returns to its pool when its ack wait ends"
+		if l.Handle != "" && r.cfg.Requeue != nil {
+			if err := r.cfg.Requeue(ctx, l.Handle); err != nil {
+				r.log.Warn("cannot give a lost job back; it comes back after its ack wait", "job_id", l.JobID, "err", err)
+			} else {
+				back = "the job returns to its pool now"
+			}
+		}
 		e := &job.Event{JobID: l.JobID, Attempt: l.Attempt, Type: job.EventHeartbeat, Time: time.Now().UTC(),
 			WorkerID: id, Pool: pool, Backend: backend, Phase: "worker_lost",
 			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
-				"worker %s stopped heartbeating (last seen %s); the job returns to the pool when its ack wait ends",
-				id, seen.Format(time.RFC3339)),
+				"worker %s stopped heartbeating (last seen %s); %s", id, seen.Format(time.RFC3339), back),
 		}
 		e.Message = e.Failure.Message
-		if err := r.announce(ctx, e); err != nil {
-			r.log.Warn("announce lost job", "job_id", l.JobID, "err", err)
+		if r.cfg.Announce != nil {
+			if err := r.cfg.Announce(ctx, e); err != nil {
+				r.log.Warn("announce lost job", "job_id", l.JobID, "err", err)
+			}
 		}
 	}
 	if err := r.s.Forget(ctx, id); err != nil {
