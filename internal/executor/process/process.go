@@ -86,9 +86,13 @@ func (e *Executor) Validate(r *job.Request) error {
 	return nil
 }
 
-// Run runs one attempt.
+// Run runs one attempt. A request that Validate refuses is refused as
+// ClassRejected, before anything runs.
 func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
+	if err := e.Validate(req); err != nil {
+		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
+	}
 	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, req.Inputs)
 	if err != nil {
 		return nil, err
