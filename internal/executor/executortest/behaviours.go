@@ -63,7 +63,7 @@ func testMissingOutput(t *testing.T, s *suite) {
 	inst, c := s.start(t, Program{Write(outputsDir("written.txt"), "x")})
 	a := s.newAttempt(inst, c, func(r *job.Request) { r.Outputs = []string{"written.txt", "never.txt"} })
 	out := s.mustRun(t, context.Background(), a)
-	wantFailure(t, out, job.StatusFailed, job.ClassExecution, job.CodeOutputMissing)
+	s.wantFailure(t, out, job.StatusFailed, job.ClassExecution, job.CodeOutputMissing)
 	if !strings.Contains(out.Failure.Message, "never.txt") {
 		t.Errorf("message %q does not name the missing output", out.Failure.Message)
 	}
@@ -78,7 +78,7 @@ func testExitCode(t *testing.T, s *suite) {
 	if took := time.Since(begin); took > Slack {
 		t.Errorf("Run took %s: it waited for what the job left running instead of stopping it", took)
 	}
-	wantFailure(t, out, job.StatusFailed, job.ClassExecution, job.CodeExitCode)
+	s.wantFailure(t, out, job.StatusFailed, job.ClassExecution, job.CodeExitCode)
 	if out.ExitCode == nil || *out.ExitCode != 3 {
 		t.Errorf("exit code %v, want 3", out.ExitCode)
 	}
@@ -103,7 +103,7 @@ func testTimeout(t *testing.T, s *suite) {
 			begin := time.Now()
 			out := s.mustRun(t, context.Background(), a)
 			took := time.Since(begin)
-			wantFailure(t, out, job.StatusTimedOut, job.ClassTimeout, job.CodeAttemptTimeout)
+			s.wantFailure(t, out, job.StatusTimedOut, job.ClassTimeout, job.CodeAttemptTimeout)
 			if ran := out.FinishedAt.Sub(out.StartedAt); ran < Timeout {
 				t.Errorf("ran for %s, less than its timeout of %s", ran, Timeout)
 			}
@@ -138,7 +138,7 @@ func testCancel(t *testing.T, s *suite) {
 	if at.IsZero() {
 		t.Fatalf("the attempt never printed %q; got %s", readyLine, describe(out))
 	}
-	wantFailure(t, out, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
+	s.wantFailure(t, out, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
 	if !strings.Contains(out.Failure.Message, executor.ErrCancelled.Error()) {
 		t.Errorf("message %q does not give the cause %q", out.Failure.Message, executor.ErrCancelled)
 	}
@@ -154,7 +154,7 @@ func testOOM(t *testing.T, s *suite) {
 	inst, c := s.start(t, Program{Sleep(300 * time.Millisecond), Alloc(256 << 20), Sleep(10 * time.Second)})
 	a := s.newAttempt(inst, c, func(r *job.Request) { r.Resources = &job.Resources{Memory: "16Mi"} })
 	out := s.mustRun(t, context.Background(), a)
-	wantFailure(t, out, job.StatusFailed, job.ClassOOM, job.CodeOOMKilled)
+	s.wantFailure(t, out, job.StatusFailed, job.ClassOOM, job.CodeOOMKilled)
 	if out.ExitCode != nil && *out.ExitCode != 137 {
 		t.Errorf("exit code %d, want 137 (SIGKILL) or none", *out.ExitCode)
 	}
@@ -173,6 +173,7 @@ func testImageMissing(t *testing.T, s *suite) {
 	if f.Class != job.ClassImage || f.Code != job.CodeImageNotPresent || !strings.Contains(f.Message, MissingImage) {
 		t.Errorf("failure %s/%s %q, want image/image_not_present naming %s", f.Class, f.Code, f.Message, MissingImage)
 	}
+	s.wantMessage(t, f)
 	if out != nil && out.Status != job.StatusFailed {
 		t.Errorf("status %s, want failed", out.Status)
 	}
@@ -297,7 +298,7 @@ func testOutputLines(t *testing.T, s *suite) {
 }
 
 func testRecover(t *testing.T, s *suite) {
-	prog := Program{Echo(readyLine), Sleep(5 * time.Minute)}
+	prog := OrphanProgram()
 	crashed, c := s.start(t, prog)
 	rec, ok := crashed.Executor.(executor.Recoverer)
 	if !ok || crashed.Orphan == nil {

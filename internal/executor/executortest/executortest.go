@@ -108,6 +108,11 @@ type Backend struct {
 	// Lacks names each ability the backend does not have, and why. The
 	// behaviours that need it are skipped as not applicable.
 	Lacks map[Ability]string
+	// Messages holds, by behaviour (the subtest's name below Run's test,
+	// such as "exit_code", "timeout" or "timeout/ignores_SIGTERM"), what
+	// the failure message of its attempts must contain: the backend's own
+	// wording.
+	Messages map[string]string
 	// WorkerID returns a fresh worker id. Defaults to "conformance-" and a
 	// random suffix.
 	WorkerID func() string
@@ -205,6 +210,12 @@ func Run(t *testing.T, b Backend) {
 	for a := range b.Lacks {
 		if !slices.Contains([]Ability{Programs, SeparateStderr, OOM, Container, ReadOnlyInputs, Recover, Validate}, a) {
 			t.Fatalf("executortest: %s lacks unknown ability %q", b.Name, a)
+		}
+	}
+	for key := range b.Messages {
+		first, _, _ := strings.Cut(key, "/")
+		if !slices.ContainsFunc(behaviours, func(bh behaviour) bool { return bh.name == first }) {
+			t.Fatalf("executortest: %s has a message for %q, which is no behaviour", b.Name, key)
 		}
 	}
 	t.Setenv(WorkerSecretVar, "worker-secret-"+random())
@@ -384,11 +395,24 @@ func nothingLeft(t *testing.T, inst *Instance, within time.Duration) {
 	}
 }
 
-// wantFailure checks an outcome's status and failure.
-func wantFailure(t *testing.T, out *executor.Outcome, status job.Status, class job.FailureClass, code string) {
+// wantFailure checks an outcome's status and failure, and its message
+// against the backend's Messages.
+func (s *suite) wantFailure(t *testing.T, out *executor.Outcome, status job.Status, class job.FailureClass, code string) {
 	t.Helper()
 	if out.Status != status || out.Failure == nil || out.Failure.Class != class || out.Failure.Code != code {
 		t.Fatalf("got %s, want %s %s/%s", describe(out), status, class, code)
+	}
+	s.wantMessage(t, out.Failure)
+}
+
+// wantMessage checks a failure's message against the backend's Messages.
+func (s *suite) wantMessage(t *testing.T, f *job.Failure) {
+	t.Helper()
+	_, name, _ := strings.Cut(t.Name(), "/")
+	for key, want := range s.b.Messages {
+		if (name == key || strings.HasPrefix(name, key+"/")) && !strings.Contains(f.Message, want) {
+			t.Errorf("message %q, want it to contain %q", f.Message, want)
+		}
 	}
 }
 
