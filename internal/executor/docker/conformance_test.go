@@ -21,6 +21,7 @@ func TestConformance(t *testing.T) {
 		Name:     "docker",
 		WorkerID: func() string { return runID + "-" + job.NewID()[20:] },
 		Messages: map[string]string{
+			"missing_output":          "declared outputs not written: [never.txt]",
 			"exit_code":               "exited with code 3",
 			"timeout/heeds_SIGTERM":   "ran longer than its timeout of 2s; stopped with SIGTERM",
 			"timeout/ignores_SIGTERM": "ran longer than its timeout of 2s; killed with SIGKILL after a grace period of 500ms",
@@ -47,7 +48,7 @@ func TestConformance(t *testing.T) {
 				},
 				Logs: b.logs.String,
 				Orphan: func(t *testing.T) {
-					r := &job.Request{Env: map[string]string{executortest.MarkerVar: c.Marker}}
+					r := &job.Request{Env: c.Env()}
 					completeRequest(r, c.Program)
 					executortest.StartOrphan(t, orphan{WorkerID: c.WorkerID, Dir: b.dir, Request: r})
 				},

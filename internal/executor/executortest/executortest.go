@@ -132,6 +132,13 @@ type Case struct {
 	Marker string
 }
 
+// Env is the environment that marks an attempt of the case: give it to
+// the request of an orphan.
+func (c *Case) Env() map[string]string {
+	name, value, _ := strings.Cut(c.Marker, "=")
+	return map[string]string{name: value}
+}
+
 // Instance is one executor started for a case.
 type Instance struct {
 	// Executor runs the case's attempts.
@@ -291,8 +298,8 @@ type attempt struct {
 // the request, then the backend completes it.
 func (s *suite) newAttempt(inst *Instance, c *Case, change func(r *job.Request)) *attempt {
 	secret := "s3cret-" + random()
-	_, marker, _ := strings.Cut(c.Marker, "=")
-	r := &job.Request{Env: map[string]string{SecretVar: secret, MarkerVar: marker}}
+	r := &job.Request{Env: c.Env()}
+	r.Env[SecretVar] = secret
 	if change != nil {
 		change(r)
 	}

@@ -44,11 +44,12 @@ func TestConformance(t *testing.T) {
 			executortest.SeparateStderr: "Kubernetes merges a container's stdout and stderr into one log, which the executor reports as stdout",
 		},
 		Messages: map[string]string{
-			"exit_code":     "exited with code 3: simulated exit code 3",
-			"timeout":       "ran longer than its timeout of 2s (activeDeadlineSeconds 2); Kubernetes stopped its pod",
-			"cancel":        "job cancelled; Job and pod deleted",
-			"oom":           "killed for exceeding its memory limit of 24Mi (OOMKilled)", // 1.5 × 16Mi
-			"image_missing": "the image is not on the node, and pull_policy is never: ErrImageNeverPull",
+			"missing_output": "declared outputs not written: [never.txt]",
+			"exit_code":      "exited with code 3: simulated exit code 3",
+			"timeout":        "ran longer than its timeout of 2s (activeDeadlineSeconds 2); Kubernetes stopped its pod",
+			"cancel":         "job cancelled; Job and pod deleted",
+			"oom":            "killed for exceeding its memory limit of 24Mi (OOMKilled)", // 1.5 × 16Mi
+			"image_missing":  "the image is not on the node, and pull_policy is never: ErrImageNeverPull",
 		},
 		New: newConformanceInstance,
 	})
@@ -116,7 +117,7 @@ func newConformanceInstance(t *testing.T, c *executortest.Case) *executortest.In
 		Left:     func(t testing.TB) []string { return n.left(t, c.WorkerID) },
 		Logs:     logs.String,
 		Orphan: func(t *testing.T) {
-			r := &job.Request{Env: map[string]string{executortest.MarkerVar: c.Marker}}
+			r := &job.Request{Env: c.Env()}
 			completeRequest(r, c.Program)
 			executortest.StartOrphan(t, orphan{Kubeconfig: env.KubeconfigPath, Namespace: ns, WorkerID: c.WorkerID,
 				Annotations: cfg.PodAnnotations, SharedDir: n.shared, Request: r})

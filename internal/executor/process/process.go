@@ -51,8 +51,15 @@ type Executor struct {
 	path string
 }
 
-var _ executor.Executor = (*Executor)(nil)
-var _ executor.Validator = (*Executor)(nil)
+var (
+	_ executor.Executor  = (*Executor)(nil)
+	_ executor.Validator = (*Executor)(nil)
+	_ executor.Recoverer = (*Executor)(nil)
+)
+
+// ownerFile, in the root of an attempt's workspace, holds the id of the
+// worker that runs it.
+const ownerFile = "worker"
 
 // New returns an Executor.
 func New(cfg Config) (*Executor, error) {
@@ -103,6 +110,9 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 		}
 		_ = dir.Remove()
 	}()
+	if err := os.WriteFile(filepath.Join(dir.Root, ownerFile), []byte(t.WorkerID), 0o600); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
 
 	cmd := exec.Command(req.Command[0], req.Command[1:]...)
 	cmd.Dir = filepath.Join(dir.Work, filepath.FromSlash(req.Workdir))
