@@ -132,12 +132,12 @@ func completeRequest(r *job.Request, prog executortest.Program) {
 }
 
 // annotations tell kwok how the pod of prog ends. A program that prints or
-// writes files runs for at least 1.5 s: kwok picks up the pod's log, and
-// the test plays the files, while it runs.
+// writes files runs for at least 2.5 s: kwok picks up the pod's log (its
+// ClusterLogs are new), and the test plays the files, while it runs.
 func annotations(prog executortest.Program) map[string]string {
 	d, code, oom := prog.End()
-	if (len(prog.Lines()) > 0 || len(prog.Files()) > 0) && d < 1500*time.Millisecond {
-		d = 1500 * time.Millisecond
+	if (len(prog.Lines()) > 0 || len(prog.Files()) > 0) && d < 2500*time.Millisecond {
+		d = 2500 * time.Millisecond
 	}
 	a := map[string]string{kubetest.AnnotationDuration: max(d, 200*time.Millisecond).String()}
 	switch {

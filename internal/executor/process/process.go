@@ -7,7 +7,9 @@
 // runs in its own process group with only the request's environment and a
 // PATH, never the worker's own variables. A timeout or a cancel sends
 // SIGTERM to the whole group, then SIGKILL after the grace period; when the
-// process ends, whatever it left in its group is killed too.
+// process ends, whatever it left in its group is killed too. The process
+// dies with its worker; what it started does not, and Recover kills it when
+// the worker starts again.
 package process
 
 import (
