@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/jsonmessage"
 
+	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
@@ -123,15 +123,7 @@ func BuildImage(ctx context.Context, cli client.APIClient, tag string) error {
 // compile builds testprog as a static Linux binary for the daemon's
 // architecture, taken to be this one's.
 func compile(ctx context.Context, out string) error {
-	// go test puts its own go first on the PATH.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out,
-		"github.com/fleet-dev/fleet/internal/dockertest/testprog")
-	// GOFLAGS may carry -race, which a static build cannot have.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH, "GOFLAGS=")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build testprog: %w\n%s", err, msg)
-	}
-	return nil
+	return executortest.BuildTestProgram(ctx, out, runtime.GOARCH)
 }
 
 // tarball makes a build context of files, by name.

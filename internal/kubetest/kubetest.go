@@ -50,7 +50,8 @@ const (
 )
 
 // MissingImageMarker in a container image keeps the pod Pending with the
-// container waiting in ErrImagePull, then ImagePullBackOff.
+// container waiting in ErrImagePull, then ImagePullBackOff; or, with
+// imagePullPolicy Never, in ErrImageNeverPull.
 const MissingImageMarker = "does-not-exist"
 
 // Env is a running control plane.

@@ -9,11 +9,20 @@
 //	write PATH TEXT  write TEXT to file PATH
 //	fill PATH BYTES  write BYTES bytes to file PATH
 //	env NAME         print the value of NAME, or "<unset>"
+//	env-to NAME PATH write the value of NAME, or "<unset>", to file PATH
+//	pwd-to PATH      write the working directory to file PATH
+//	writable DIR PATH  write "writable" to file PATH if a file can be
+//	                 created in DIR, else "read-only"
 //	self             print uid, gid, effective capabilities and NoNewPrivs
 //	ignore-term      ignore SIGTERM from now on
 //	alloc BYTES      allocate and touch BYTES of memory, and keep it
 //	sleep DURATION   sleep for a Go duration
+//	spawn DURATION   start a copy of itself that sleeps for DURATION, in the
+//	                 background, with the same output and signal dispositions
 //	exit CODE        exit with CODE
+//
+// Environment variables in paths are expanded ("$FLEET_OUTPUTS/out.txt"),
+// so that one program runs in a container and as a local process.
 //
 // Invoked as "true" (the image has it as /bin/true), it exits 0 at once.
 package main
@@ -23,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -52,6 +62,7 @@ func main() {
 var arity = map[string]int{
 	"echo": 1, "stderr": 1, "copy": 2, "write": 2, "fill": 2, "env": 1, "self": 0,
 	"ignore-term": 0, "alloc": 1, "sleep": 1, "exit": 1,
+	"env-to": 2, "pwd-to": 1, "writable": 2, "spawn": 1,
 }
 
 func step(verb string, a []string) {
@@ -61,13 +72,13 @@ func step(verb string, a []string) {
 	case "stderr":
 		fmt.Fprintln(os.Stderr, a[0])
 	case "copy":
-		data, err := os.ReadFile(a[0])
+		data, err := os.ReadFile(os.ExpandEnv(a[0]))
 		check(err)
-		check(os.WriteFile(a[1], data, 0o644))
+		check(os.WriteFile(os.ExpandEnv(a[1]), data, 0o644))
 	case "write":
-		check(os.WriteFile(a[0], []byte(a[1]), 0o644))
+		check(os.WriteFile(os.ExpandEnv(a[0]), []byte(a[1]), 0o644))
 	case "fill":
-		f, err := os.Create(a[0])
+		f, err := os.Create(os.ExpandEnv(a[0]))
 		check(err)
 		_, err = io.CopyN(f, zeros{}, number(a[1]))
 		check(err)
@@ -78,6 +89,31 @@ func step(verb string, a []string) {
 			v = "<unset>"
 		}
 		fmt.Println(v)
+	case "env-to":
+		v, ok := os.LookupEnv(a[0])
+		if !ok {
+			v = "<unset>"
+		}
+		check(os.WriteFile(os.ExpandEnv(a[1]), []byte(v), 0o644))
+	case "pwd-to":
+		wd, err := os.Getwd()
+		check(err)
+		check(os.WriteFile(os.ExpandEnv(a[0]), []byte(wd), 0o644))
+	case "writable":
+		state := "read-only"
+		probe := filepath.Join(os.ExpandEnv(a[0]), ".testprog-probe")
+		if f, err := os.OpenFile(probe, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
+			f.Close()
+			os.Remove(probe)
+			state = "writable"
+		}
+		check(os.WriteFile(os.ExpandEnv(a[1]), []byte(state), 0o644))
+	case "spawn":
+		self, err := os.Executable()
+		check(err)
+		cmd := exec.Command(self, "sleep", a[0])
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		check(cmd.Start())
 	case "self":
 		fmt.Printf("uid=%d gid=%d\n", os.Getuid(), os.Getgid())
 		f, err := os.Open("/proc/self/status")

@@ -12,7 +12,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 
 	"github.com/fleet-dev/fleet/internal/dockertest"
-	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -20,14 +20,9 @@ import (
 // test's worker id starts with it.
 var runID = "dt-" + job.NewID()[20:]
 
-// childEnv makes the test binary a worker that runs one long attempt, for
-// the test that SIGKILLs it (TestRecoverReapsTheContainersOfAKilledWorker).
-const childEnv = "FLEET_DOCKERTEST_CHILD"
-
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(childEnv); spec != "" {
-		os.Exit(runChild(spec))
-	}
+	// The worker that the conformance suite's recover kills.
+	executortest.MaybeOrphan(startOrphan)
 	code := m.Run()
 	if err := checkNoLeftovers(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -65,22 +60,4 @@ func checkNoLeftovers() error {
 		return fmt.Errorf("FAIL: containers left behind: %s", strings.Join(left, "; "))
 	}
 	return nil
-}
-
-// runChild runs an attempt that sleeps, as worker "id dir", and prints
-// the container's name once it runs. Its parent kills it.
-func runChild(spec string) int {
-	workerID, dir, _ := strings.Cut(spec, " ")
-	e, err := New(Config{Dir: dir})
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	req := &job.Request{Image: dockertest.Image, Command: []string{"/testprog", "sleep", "5m"}, PullPolicy: job.PullNever}
-	req.Normalize()
-	rep := &reporter{running: make(chan string, 1)}
-	go func() { fmt.Println("running", <-rep.running) }()
-	_, err = e.Run(context.Background(), &executor.Task{JobID: "orphan", Attempt: 1, WorkerID: workerID, Pool: "default", Request: req, Report: rep})
-	fmt.Println("error: the attempt ended:", err)
-	return 1
 }

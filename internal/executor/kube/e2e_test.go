@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -19,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/internal/kubetest"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -28,7 +28,11 @@ import (
 // kwok as the kubelet of a fake node (see internal/kubetest). Pods run
 // nothing: annotations tell kwok how they end.
 
-func TestMain(m *testing.M) { kubetest.Main(m) }
+func TestMain(m *testing.M) {
+	// The worker that the conformance suite's recover kills.
+	executortest.MaybeOrphan(startOrphan)
+	kubetest.Main(m)
+}
 
 type cluster struct {
 	env    *kubetest.Env
@@ -115,18 +119,20 @@ func timeout(d time.Duration) func(*job.Request) {
 	}
 }
 
-func TestKubeSucceedsWithLogs(t *testing.T) {
+// How attempts end, their logs, env, workspace and outputs, and crash
+// recovery are the conformance suite's (TestConformance). These tests cover
+// what is Kubernetes' own.
+
+// TestKubeJobMetadata checks what the worker finds its attempts by, and
+// that the Secret goes with its Job.
+func TestKubeJobMetadata(t *testing.T) {
 	t.Parallel()
 	c := start(t, map[string]string{kubetest.AnnotationDuration: "1500ms"}, nil)
-	c.env.SetPodLogs(t, c.ns, "hello from the pod", "second line")
 	out := c.mustRun(t, context.Background(), request(func(r *job.Request) {
 		r.Env = map[string]string{"TOKEN": "s3cr3t"}
-		r.Inputs = map[string]string{"params.json": "{}"}
 		r.Labels = map[string]string{"team": "search"}
 	}))
 	equal(t, "outcome", describe(out), "succeeded exit 0")
-	equal(t, "stdout", out.Stdout, "hello from the pod\nsecond line\n")
-	equal(t, "log events", c.report.logList(), "stdout:hello from the pod\nstdout:second line")
 	equal(t, "phases", c.report.phaseList(), "Pending Running Succeeded")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -146,47 +152,6 @@ func TestKubeSucceedsWithLogs(t *testing.T) {
 	}
 }
 
-func TestKubeFailsWithExitCode(t *testing.T) {
-	t.Parallel()
-	c := start(t, map[string]string{kubetest.AnnotationExitCode: "3", kubetest.AnnotationDuration: "200ms"}, nil)
-	out := c.mustRun(t, context.Background(), request(nil))
-	equal(t, "outcome", describe(out), "failed execution/exit_code exit 3")
-	equal(t, "message", out.Failure.Message, "exited with code 3: simulated exit code 3")
-}
-
-func TestKubeOOM(t *testing.T) {
-	t.Parallel()
-	c := start(t, map[string]string{kubetest.AnnotationOOM: "true", kubetest.AnnotationDuration: "200ms"}, nil)
-	out := c.mustRun(t, context.Background(), request(nil))
-	equal(t, "outcome", describe(out), "failed oom/oom_killed exit 137")
-	equal(t, "message", out.Failure.Message, "killed for exceeding its memory limit of 384Mi (OOMKilled)")
-}
-
-func TestKubeDeadline(t *testing.T) {
-	t.Parallel()
-	c := start(t, map[string]string{kubetest.AnnotationDuration: "1h"}, nil)
-	out := c.mustRun(t, context.Background(), request(timeout(2*time.Second)))
-	equal(t, "outcome", describe(out), "timed_out timeout/attempt_timeout")
-	if d := out.FinishedAt.Sub(out.StartedAt); d < 2*time.Second || d > 20*time.Second {
-		t.Errorf("the attempt took %s for a timeout of 2s", d)
-	}
-	if _, pods := c.left(t); pods != 0 {
-		t.Errorf("%d pods left after the deadline", pods)
-	}
-}
-
-func TestKubeCancel(t *testing.T) {
-	t.Parallel()
-	c := start(t, map[string]string{kubetest.AnnotationDuration: "1h"}, nil)
-	ctx := cancelWhenRunning(c.report)
-	out := c.mustRun(t, ctx, request(nil))
-	equal(t, "outcome", describe(out), "cancelled cancelled/cancelled")
-	equal(t, "message", out.Failure.Message, "job cancelled; Job and pod deleted")
-	if jobs, pods := c.left(t); jobs != 0 || pods != 0 {
-		t.Errorf("%d Jobs and %d pods left after a cancel", jobs, pods)
-	}
-}
-
 func TestKubeImagePull(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -198,8 +163,8 @@ func TestKubeImagePull(t *testing.T) {
 		// at its deadline stays until its TTL.
 		jobsLeft int
 	}{
-		{"after the bounded wait", 2 * time.Second, time.Minute, "failed image/image_pull", "the image could not be pulled for 2s", 0},
-		{"at the deadline", time.Minute, 2 * time.Second, "failed image/image_pull", "the image could not be pulled: ", 1},
+		{"after the bounded wait", 2 * time.Second, time.Minute, "failed image/image_pull_failed", "the image could not be pulled for 2s", 0},
+		{"at the deadline", time.Minute, 2 * time.Second, "failed image/image_pull_failed", "the image could not be pulled: ", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -230,28 +195,6 @@ func TestKubeUnschedulable(t *testing.T) {
 	if !strings.Contains(out.Failure.Message, "Insufficient cpu") {
 		t.Errorf("message %q does not say why", out.Failure.Message)
 	}
-}
-
-// TestKubeOutputs runs an attempt that declares outputs with a shared
-// volume claim, bound to a hostPath volume. Nothing runs in kwok's pods, so
-// the test writes the output where the container would have.
-func TestKubeOutputs(t *testing.T) {
-	t.Parallel()
-	shared := t.TempDir()
-	c := start(t, map[string]string{kubetest.AnnotationDuration: "1500ms"}, func(c *Config) { c.SharedPVC, c.SharedDir = "fleet-shared", shared })
-	c.sharedVolume(t, shared)
-	go func() {
-		if !c.report.waitFor("Running", 30*time.Second) {
-			return
-		}
-		dirs, _ := filepath.Glob(filepath.Join(shared, "worker-1", "job-1-2-*", "outputs"))
-		for _, d := range dirs {
-			_ = os.WriteFile(filepath.Join(d, "greeting.txt"), []byte("hi\n"), 0o644)
-		}
-	}()
-	out := c.mustRun(t, context.Background(), request(func(r *job.Request) { r.Outputs = []string{"greeting.txt"} }))
-	equal(t, "outcome", describe(out), "succeeded exit 0")
-	equal(t, "output", out.Outputs["greeting.txt"], "hi\n")
 }
 
 // sharedVolume makes a ReadWriteMany claim fleet-shared, bound to a

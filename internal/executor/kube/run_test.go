@@ -290,8 +290,8 @@ func TestRunStuck(t *testing.T) {
 		want  string
 		wait  time.Duration
 	}{
-		{"image pull error", waiting("ErrImagePull"), nil, "failed image/image_pull", 300 * time.Millisecond},
-		{"invalid image name", waiting("InvalidImageName"), nil, "failed image/image_pull", 0},
+		{"image pull error", waiting("ErrImagePull"), nil, "failed image/image_pull_failed", 300 * time.Millisecond},
+		{"invalid image name", waiting("InvalidImageName"), nil, "failed image/image_pull_failed", 0},
 		{"unschedulable", corev1.ContainerState{}, withCondition(corev1.PodScheduled, corev1.ConditionFalse, "Unschedulable"), "failed infrastructure/unschedulable", 300 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -181,6 +181,9 @@ func stuckVerdict(p progress, waited time.Duration) *verdict {
 		waitedFor = fmt.Sprintf(" for %s", waited.Round(time.Second))
 	}
 	switch {
+	case p.reason == "ErrImageNeverPull":
+		// Not on the node, and its pull policy forbids a pull.
+		v.failure = job.Failf(job.ClassImage, job.CodeImageNotPresent, "the image is not on the node, and pull_policy is never: %s: %s", p.reason, p.message)
 	case p.stuck == stuckImage:
 		v.failure = job.Failf(job.ClassImage, job.CodeImagePull, "the image could not be pulled%s: %s: %s", waitedFor, p.reason, p.message)
 	case p.reason == corev1.PodReasonUnschedulable:

@@ -66,7 +66,7 @@ func TestJudge(t *testing.T) {
 		{"complete, pod not seen", jobWith(cond(batchv1.JobComplete, "")), nil, "succeeded - 0"},
 		{"deadline", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")), podIn(corev1.PodRunning, running), "timed_out timeout/attempt_timeout -"},
 		{"deadline, pod not seen", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")), nil, "timed_out timeout/attempt_timeout -"},
-		{"deadline while pulling the image", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")), podIn(corev1.PodPending, waiting("ImagePullBackOff")), "failed image/image_pull -"},
+		{"deadline while pulling the image", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")), podIn(corev1.PodPending, waiting("ImagePullBackOff")), "failed image/image_pull_failed -"},
 		{"deadline while unschedulable", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")),
 			podIn(corev1.PodPending, corev1.ContainerState{}, withCondition(corev1.PodScheduled, corev1.ConditionFalse, "Unschedulable")), "failed infrastructure/unschedulable -"},
 		{"exit code", jobWith(cond(batchv1.JobFailed, "BackoffLimitExceeded")), podIn(corev1.PodFailed, exited(3, "Error")), "failed execution/exit_code 3"},
@@ -155,10 +155,12 @@ func TestStuckVerdict(t *testing.T) {
 		want    string
 		message string
 	}{
-		{podIn(corev1.PodPending, waiting("ImagePullBackOff")), 2 * time.Minute, "image/image_pull",
+		{podIn(corev1.PodPending, waiting("ImagePullBackOff")), 2 * time.Minute, "image/image_pull_failed",
 			"the image could not be pulled for 2m0s: ImagePullBackOff: as the kubelet says"},
-		{podIn(corev1.PodPending, waiting("InvalidImageName")), 0, "image/image_pull",
+		{podIn(corev1.PodPending, waiting("InvalidImageName")), 0, "image/image_pull_failed",
 			"the image could not be pulled: InvalidImageName: as the kubelet says"},
+		{podIn(corev1.PodPending, waiting("ErrImageNeverPull")), 0, "image/image_not_present",
+			"the image is not on the node, and pull_policy is never: ErrImageNeverPull: as the kubelet says"},
 		{podIn(corev1.PodPending, corev1.ContainerState{}, withCondition(corev1.PodScheduled, corev1.ConditionFalse, "Unschedulable")), 5 * time.Minute,
 			"infrastructure/unschedulable", "the pod could not be scheduled for 5m0s: as Kubernetes says"},
 		{podIn(corev1.PodPending, waiting("CreateContainerConfigError")), 5 * time.Minute,

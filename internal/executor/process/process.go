@@ -7,7 +7,9 @@
 // runs in its own process group with only the request's environment and a
 // PATH, never the worker's own variables. A timeout or a cancel sends
 // SIGTERM to the whole group, then SIGKILL after the grace period; when the
-// process ends, whatever it left in its group is killed too.
+// process ends, whatever it left in its group is killed too. The process
+// dies with its worker; what it started does not, and Recover kills it when
+// the worker starts again.
 package process
 
 import (
@@ -51,8 +53,15 @@ type Executor struct {
 	path string
 }
 
-var _ executor.Executor = (*Executor)(nil)
-var _ executor.Validator = (*Executor)(nil)
+var (
+	_ executor.Executor  = (*Executor)(nil)
+	_ executor.Validator = (*Executor)(nil)
+	_ executor.Recoverer = (*Executor)(nil)
+)
+
+// ownerFile, in the root of an attempt's workspace, holds the id of the
+// worker that runs it.
+const ownerFile = "worker"
 
 // New returns an Executor.
 func New(cfg Config) (*Executor, error) {
@@ -86,9 +95,13 @@ func (e *Executor) Validate(r *job.Request) error {
 	return nil
 }
 
-// Run runs one attempt.
+// Run runs one attempt. A request that Validate refuses is refused as
+// ClassRejected, before anything runs.
 func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
+	if err := e.Validate(req); err != nil {
+		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
+	}
 	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, req.Inputs)
 	if err != nil {
 		return nil, err
@@ -99,6 +112,9 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 		}
 		_ = dir.Remove()
 	}()
+	if err := os.WriteFile(filepath.Join(dir.Root, ownerFile), []byte(t.WorkerID), 0o600); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
 
 	cmd := exec.Command(req.Command[0], req.Command[1:]...)
 	cmd.Dir = filepath.Join(dir.Work, filepath.FromSlash(req.Workdir))

@@ -3,12 +3,14 @@ package process
 import (
 	"context"
 	"os"
-	"strings"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -47,73 +49,68 @@ func newExec(t *testing.T) *Executor {
 	return e
 }
 
-func TestRunGivesTheJobItsWorkspaceAndOnlyItsEnvironment(t *testing.T) {
-	t.Setenv("WORKER_SECRET", "do-not-leak")
+// How attempts end, their env, workspace, outputs and output lines, and
+// crash recovery are the conformance suite's (TestConformance); these tests
+// cover what is the process executor's own.
+
+func TestAProcessKilledByASignalFails(t *testing.T) {
 	e := newExec(t)
-	out, rep := run(t, e, context.Background(), &job.Request{
-		Command: []string{"sh", "-c", `echo "$GREETING $(cat $FLEET_INPUTS/in.txt) secret=${WORKER_SECRET:-none} attempt=$FLEET_ATTEMPT"; pwd > $FLEET_OUTPUTS/pwd; echo err >&2`},
-		Env:     map[string]string{"GREETING": "hello"}, Inputs: map[string]string{"in.txt": "world"},
-		Outputs: []string{"pwd"}, Workdir: "sub/dir"})
-	if out.Status != job.StatusSucceeded {
-		t.Fatalf("%+v", out)
-	}
-	if out.Stdout != "hello world secret=none attempt=1\n" || out.Stderr != "err\n" {
-		t.Errorf("stdout %q stderr %q", out.Stdout, out.Stderr)
-	}
-	if !strings.HasSuffix(strings.TrimSpace(out.Outputs["pwd"]), "/work/sub/dir") {
-		t.Errorf("workdir %q", out.Outputs["pwd"])
-	}
-	if len(rep.lines) != 2 {
-		t.Errorf("log lines %q", rep.lines)
-	}
-	entries, _ := os.ReadDir(e.cfg.Dir)
-	if len(entries) != 0 {
-		t.Errorf("workspace left behind: %v", entries)
+	out, _ := run(t, e, context.Background(), &job.Request{Command: []string{"sh", "-c", "kill -9 $$"}})
+	if out.Status != job.StatusFailed || out.ExitCode == nil || *out.ExitCode != 137 || out.Failure == nil ||
+		out.Failure.Code != job.CodeExitCode || out.Failure.Message != "killed by signal 9 (killed)" {
+		t.Errorf("got %s exit %v failure %+v", out.Status, out.ExitCode, out.Failure)
 	}
 }
 
-func TestRunReportsHowTheProcessEnded(t *testing.T) {
-	e := newExec(t)
-	short := job.Duration(300 * time.Millisecond)
-	for _, tc := range []struct {
-		name   string
-		req    *job.Request
-		status job.Status
-		code   int
-		fcode  string
-		msg    string
-	}{
-		{"exit code", &job.Request{Command: []string{"sh", "-c", "exit 7"}}, job.StatusFailed, 7, job.CodeExitCode, "exited with code 7"},
-		{"killed by a signal", &job.Request{Command: []string{"sh", "-c", "kill -9 $$"}}, job.StatusFailed, 137, job.CodeExitCode, "killed by signal 9 (killed)"},
-		{"timeout, SIGTERM enough", &job.Request{Command: []string{"sleep", "10"}, Timeout: &short}, job.StatusTimedOut, 143, job.CodeAttemptTimeout, "stopped with SIGTERM"},
-		{"timeout, SIGKILL needed", &job.Request{Command: []string{"sh", "-c", "trap '' TERM; sleep 10"}, Timeout: &short}, job.StatusTimedOut, 137, job.CodeAttemptTimeout, "SIGKILL after"},
-		{"missing output", &job.Request{Command: []string{"true"}, Outputs: []string{"never"}}, job.StatusFailed, 0, job.CodeOutputMissing, "never"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			out, _ := run(t, e, context.Background(), tc.req)
-			if out.Status != tc.status || out.ExitCode == nil || *out.ExitCode != tc.code ||
-				out.Failure == nil || out.Failure.Code != tc.fcode || !strings.Contains(out.Failure.Message, tc.msg) {
-				t.Errorf("got %s exit %v failure %+v", out.Status, *out.ExitCode, out.Failure)
-			}
-		})
+// Recover finds a process of an earlier life by its working directory when
+// it hid its environment, removes that life's workspaces, kept ones
+// included, and leaves another worker's alone.
+func TestRecoverFindsWhatAnEarlierLifeLeft(t *testing.T) {
+	dir := t.TempDir()
+	e, err := New(Config{Dir: dir, KeepFailed: true, Grace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
 	}
-}
+	if out, _ := run(t, e, context.Background(), &job.Request{Command: []string{"false"}}); out.Status != job.StatusFailed {
+		t.Fatalf("status %s", out.Status)
+	}
+	workspaceOf := func(worker string) *workspace.Dir {
+		d, err := workspace.Create(dir, "left", 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d.Root, ownerFile), []byte(worker), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	mine, theirs := workspaceOf("w"), workspaceOf("someone-else")
+	hidden := exec.Command("env", "-i", "sleep", "60")
+	hidden.Dir = mine.Work
+	if err := hidden.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- hidden.Wait() }()
+	t.Cleanup(func() { _ = hidden.Process.Kill() })
 
-func TestCancelStopsTheProcess(t *testing.T) {
-	e := newExec(t)
-	ctx, cancel := context.WithCancelCause(context.Background())
-	go func() { time.Sleep(200 * time.Millisecond); cancel(executor.ErrCancelled) }()
-	start := time.Now()
-	out, _ := run(t, e, ctx, &job.Request{Command: []string{"sleep", "10"}})
-	if out.Status != job.StatusCancelled || out.Failure.Class != job.ClassCancelled || time.Since(start) > 5*time.Second {
-		t.Errorf("%+v after %s", out, time.Since(start))
+	if err := e.Recover(context.Background(), "w"); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Error("the process in the earlier life's workspace still runs")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || filepath.Join(dir, entries[0].Name()) != theirs.Root {
+		t.Errorf("workspaces left: %v, want only %s", entries, theirs.Root)
 	}
 }
 
 func TestValidateRefusesWhatAProcessCannotDo(t *testing.T) {
 	e := newExec(t)
 	for _, r := range []*job.Request{
-		{}, // no command
 		{Command: []string{"true"}, Workdir: "/etc"},
 		{Command: []string{"true"}, Resources: &job.Resources{GPU: 1}},
 	} {
