@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/hostinfo"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
@@ -371,7 +372,7 @@ func (r *Ledger) Snapshot() *job.Heartbeat {
 		}
 	}
 	if hb.Host == nil {
-		hb.Host = capacity.LocalHost()
+		hb.Host = hostinfo.Local()
 	}
 	if r.cfg.Draining() {
 		hb.Health = job.HealthDraining

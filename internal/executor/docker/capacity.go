@@ -1,10 +1,7 @@
 package docker
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"strconv"
 	"strings"
 
 	"github.com/docker/docker/api/types/container"
@@ -12,6 +9,7 @@ import (
 	"github.com/docker/docker/api/types/system"
 
 	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/hostinfo"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -69,32 +67,9 @@ func (e *Executor) host(info system.Info) *job.Host {
 	if !strings.HasPrefix(e.api.DaemonHost(), "unix://") {
 		return h
 	}
-	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(data)); len(f) >= 3 {
-			h.Load1, _ = strconv.ParseFloat(f[0], 64)
-			h.Load5, _ = strconv.ParseFloat(f[1], 64)
-			h.Load15, _ = strconv.ParseFloat(f[2], 64)
-		}
-	}
-	if avail, ok := memAvailable(); ok && avail <= h.MemoryTotalBytes {
+	h.Load1, h.Load5, h.Load15, _ = hostinfo.LoadAvg()
+	if _, avail, ok := hostinfo.Memory(); ok && avail <= h.MemoryTotalBytes {
 		h.MemoryUsedBytes = h.MemoryTotalBytes - avail
 	}
 	return h
-}
-
-// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
-func memAvailable() (int64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
 }
