@@ -106,7 +106,7 @@ func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, erro
 	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The producer's trace, if it has one, goes on into the fleet.
-	msg := nats.NewMsg(c.names.Submit())
+	msg := nats.NewMsg(c.names.SubmitDirect())
 	msg.Data = withID(data)
 	otel.GetTextMapPropagator().Inject(ctx, queue.HeaderCarrier(msg.Header))
 	if len(msg.Header) == 0 {

@@ -10,6 +10,7 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,6 +68,7 @@ type Dispatcher struct {
 
 	replies *replies
 	core    *nats.Subscription
+	direct  *nats.Subscription
 	cancels *nats.Subscription
 	intake  jetstream.MessagesContext
 	wg      sync.WaitGroup
@@ -125,7 +127,15 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.Submit(), err)
 	}
-	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), "fleet-dispatcher", d.onCancel)
+	// Submissions sent to the direct subject are answered by one
+	// dispatcher of the group, at once: nothing is stored before the job.
+	directs := make(chan *nats.Msg, directBuffer)
+	d.direct, err = d.nc.ChanQueueSubscribe(d.names.SubmitDirect(), queueGroup, directs)
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", d.names.SubmitDirect(), err)
+	}
+	_ = d.direct.SetPendingLimits(directBuffer, 256<<20)
+	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), queueGroup, d.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.AllCancels(), err)
 	}
@@ -133,8 +143,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", d.names.SubmitStream(), err)
 	}
-	d.wg.Add(3)
+	d.wg.Add(4)
 	go d.consume(runCtx)
+	go d.serveDirect(runCtx, directs)
 	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()
 	go func() { defer d.wg.Done(); d.watchLag(runCtx, 5*time.Second) }()
 	close(d.ready)
@@ -161,7 +172,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if d.intake != nil {
 		d.intake.Stop()
 	}
-	for _, s := range []*nats.Subscription{d.core, d.cancels} {
+	for _, s := range []*nats.Subscription{d.core, d.direct, d.cancels} {
 		if s != nil {
 			_ = s.Unsubscribe()
 		}
@@ -206,6 +217,65 @@ func (d *Dispatcher) consume(ctx context.Context) {
 			d.intakeOne(ctx, msg)
 		}()
 	}
+}
+
+// queueGroup is the dispatchers' queue group: one of them gets each
+// direct submission and each cancel.
+const queueGroup = "fleet-dispatcher"
+
+// directBuffer is how many direct submissions wait for a dispatcher's
+// goroutine; past it, NATS drops them and their producers send them again.
+const directBuffer = 16384
+
+// serveDirect answers the submissions of the direct subject, many at once.
+func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) {
+	defer d.wg.Done()
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-msgs:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case d.sema <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			defer func() { <-d.sema }()
+			d.answerDirect(ctx, m)
+		}()
+	}
+}
+
+// answerDirect processes one direct submission and answers it. When the
+// fleet cannot decide now, the answer is NATS' "no responders" status, on
+// which clients send the submission again at once (with its id, so that
+// it is never accepted twice).
+func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
+	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(m.Header))
+	reply, err := d.process(pctx, m.Data, 0)
+	if m.Reply == "" {
+		if err != nil {
+			d.log.Warn("direct submission without a reply subject not processed", "err", err)
+		}
+		return
+	}
+	if err != nil {
+		d.log.Warn("submission not processed; its producer will send it again", "err", err)
+		busy := nats.NewMsg(m.Reply)
+		busy.Header.Set("Status", "503")
+		_ = d.nc.PublishMsg(busy)
+		return
+	}
+	data, err := json.Marshal(reply)
+	if err != nil {
+		return
+	}
+	_ = m.Respond(data)
 }
 
 type metrics struct {

@@ -28,32 +28,26 @@ type errTransient struct{ err error }
 func (e errTransient) Error() string { return e.err.Error() }
 func (e errTransient) Unwrap() error { return e.err }
 
-// Submit sends a request through the submit stream, as any producer's
-// would go, and returns the answer of the dispatcher that processed it. A
-// rejection is a Reply with Error set; an error means the fleet could not
-// answer (NATS unavailable) and the caller may retry.
+// Submit processes a request in this dispatcher, as one on the direct
+// subject would be, and returns the answer. A rejection is a reply with
+// Error set; an error means the fleet could not decide now (NATS
+// unavailable) and the caller may try again with the same id.
 func (d *Dispatcher) Submit(ctx context.Context, data []byte) (*job.SubmitReply, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	m := nats.NewMsg(d.names.Submit())
-	m.Data = data
-	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(m.Header))
-	resp, err := d.nc.RequestMsgWithContext(ctx, m)
+	reply, err := d.process(ctx, data, 0)
 	if err != nil {
 		return nil, fmt.Errorf("submit: %w", err)
 	}
-	var r job.SubmitReply
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("submit: unreadable answer: %w", err)
-	}
-	return &r, nil
+	return reply, nil
 }
 
-// process validates one stored submission and, if it is acceptable and new,
-// records and publishes its job. seq is its sequence in the submit stream.
+// process validates one submission and, if it is acceptable and new,
+// records and publishes its job. seq is its sequence in the submit stream,
+// 0 for a submission that came directly.
 func (d *Dispatcher) process(ctx context.Context, data []byte, seq uint64) (*job.SubmitReply, error) {
 	start := time.Now()
 	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer))
@@ -109,6 +103,7 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		SubmittedAt: at, UpdatedAt: at, TraceID: traceID, RunID: req.RunID, NodeID: req.NodeID, Labels: req.Labels,
 		SubmitSeq: seq}
 	rev, err := d.store.Create(ctx, rec)
+	duplicate := false
 	if errors.Is(err, queue.ErrExists) {
 		old, oldRev, gerr := d.store.Get(ctx, req.ID)
 		switch {
@@ -116,8 +111,14 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 			return nil, errTransient{gerr}
 		case old.State == job.StateRejected:
 			rev, err = d.store.Update(ctx, rec, oldRev)
-		case seq != 0 && old.SubmitSeq == seq && old.State == job.StateQueued:
-			rec, rev, err = old, oldRev, nil // this submission, delivered again
+		case old.State == job.StateQueued && old.Attempt == 0 && (seq == 0 || old.SubmitSeq == seq):
+			// This submission sent or delivered again: the dispatcher that
+			// recorded it may have died before it published the job, so it
+			// is published again. The job's message id makes a copy that
+			// JetStream has a duplicate it drops (within its window; a
+			// later copy is settled by the record, and never runs twice).
+			rec, rev, err = old, oldRev, nil
+			duplicate = seq == 0 || old.SubmitSeq != seq
 		default:
 			return &job.SubmitReply{JobID: req.ID, State: old.State, Duplicate: true}, nil
 		}
@@ -152,6 +153,9 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		if _, err := queue.Await(ctx, d.js, f); err != nil {
 			return nil, errTransient{err}
 		}
+	}
+	if duplicate {
+		return &job.SubmitReply{JobID: req.ID, State: job.StateQueued, Duplicate: true}, nil
 	}
 	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
 	return &job.SubmitReply{JobID: req.ID, State: job.StateQueued, Warning: warning}, nil

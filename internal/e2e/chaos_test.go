@@ -33,9 +33,11 @@ func TestChaos(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// A job may be unlucky several times in a row: a kill every 1.5 s.
+	maxLost := 10
 	for i := 0; i < jobs; i++ {
 		r := &job.Request{ID: fmt.Sprintf("chaos-%03d", i), Command: []string{"sleep", "0.5"},
-			Retry: &job.RetryPolicy{MaxAttempts: 10, InitialBackoff: dur(50 * time.Millisecond)}}
+			Retry: &job.RetryPolicy{MaxAttempts: 10, MaxLost: &maxLost, InitialBackoff: dur(50 * time.Millisecond)}}
 		if _, err := f.Client.Submit(ctx, r); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 // For the prefix "fleet":
 //
 //	fleet.submit            stream FLEET_SUBMIT (work queue)
+//	fleet.submit.direct     core NATS, answered by one dispatcher (queue group)
 //	fleet.jobs.<pool>       stream FLEET_JOBS (work queue), consumer jobs-<pool>
 //	fleet.events.<job_id>   stream FLEET_EVENTS (limits, max age)
 //	fleet.results.<job_id>  stream FLEET_RESULTS (limits, max age, one per job)
@@ -38,6 +39,7 @@ func (n Names) stream(s string) string {
 
 // Subjects.
 func (n Names) Submit() string             { return n.prefix() + ".submit" }
+func (n Names) SubmitDirect() string       { return n.prefix() + ".submit.direct" }
 func (n Names) Jobs(pool string) string    { return n.prefix() + ".jobs." + pool }
 func (n Names) AllJobs() string            { return n.prefix() + ".jobs.>" }
 func (n Names) Events(id string) string    { return n.prefix() + ".events." + id }

@@ -197,22 +197,21 @@ func decideDelivery(s *situation) action {
 		a.lost = []job.Attempt{{Attempt: k, WorkerID: rec.WorkerID, StartedAt: rec.StartedAt, Failure: f}}
 		lost, last = lost+1, f
 		if lost > *req.Retry.MaxLost {
+			// The lost attempt is the job's last: the result describes it,
+			// and the history holds the ones before.
 			f.Message += fmt.Sprintf("; %d attempts were lost, more than max_lost %d", lost, *req.Retry.MaxLost)
-			act := finish(n, k, job.StatusFailed, f)
-			act.lost = a.lost
-			return act
+			return finish(n, k, job.StatusFailed, f)
 		}
 		a.restart = true
 	}
 	switch {
 	case n-lost > req.Retry.MaxAttempts:
-		// Only a change of policy between deliveries gets here.
+		// Only a change of policy between deliveries gets here; the last
+		// attempt, lost or failed, is the job's.
 		if last == nil {
 			last = job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "%d attempts ran without finishing", n-1)
 		}
-		act := finish(n, n-1, job.StatusFailed, last)
-		act.lost = a.lost
-		return act
+		return finish(n, n-1, job.StatusFailed, last)
 	case s.refused != nil:
 		act := finish(n, n, job.StatusFailed, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", s.refused))
 		act.lost = a.lost

@@ -36,10 +36,11 @@ const (
 // Admission checks requests at submit against what the live workers of
 // their pool could ever hold: their totals, not what is free now. It reads
 // a view of the pools that it refreshes every second, so a submission
-// costs no Redis round trip. Before it refuses a request on a view older
-// than recheckAfter, it reads the view again: a worker that has just
-// started is not refused for the second until the next refresh. When Redis
-// is away it lets requests through.
+// costs no Redis round trip. It never refuses a request on a view read
+// before the request came: it reads the view again first (one read at a
+// time, shared by the refusals waiting for it), so that a worker that has
+// just started is not refused for the second until the next refresh. When
+// Redis is away it lets requests through.
 type Admission struct {
 	s    *capacity.Store
 	mode string
@@ -103,6 +104,7 @@ func (a *Admission) Stop(ctx context.Context) error {
 func (a *Admission) refresh(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	read := time.Now() // the view holds every heartbeat written before this
 	hbs, err := a.s.Workers(cctx, "")
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -116,7 +118,7 @@ func (a *Admission) refresh(ctx context.Context) {
 	a.lastErr = nil
 	a.pools = view(hbs)
 	a.workers = hbs
-	a.fresh = time.Now()
+	a.fresh = read
 }
 
 func view(hbs []*job.Heartbeat) map[string]*poolView {
@@ -152,14 +154,15 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	if a.mode == AdmitOff {
 		return "", nil
 	}
+	asked := time.Now()
 	p, fresh := a.pool(r.Pool)
-	if fresh.IsZero() || time.Since(fresh) >= 10*time.Second {
+	if fresh.IsZero() || asked.Sub(fresh) >= 10*time.Second {
 		return "capacity is unknown (Redis unreachable): the request was not checked against the pool", nil
 	}
 	problem := unfit(r, p)
-	if problem != "" && time.Since(fresh) >= recheckAfter {
+	if problem != "" && fresh.Before(asked) {
 		a.rechecking.Lock()
-		if _, f := a.pool(r.Pool); time.Since(f) >= recheckAfter {
+		if _, f := a.pool(r.Pool); f.Before(asked) {
 			a.refresh(ctx)
 		}
 		a.rechecking.Unlock()
@@ -174,10 +177,6 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	}
 	return "", fmt.Errorf("%s", problem)
 }
-
-// recheckAfter is how old the view may be for a refusal without reading it
-// again.
-const recheckAfter = 100 * time.Millisecond
 
 // pool returns the view of a pool and when the view was read.
 func (a *Admission) pool(name string) (*poolView, time.Time) {
