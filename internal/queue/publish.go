@@ -66,9 +66,10 @@ func retrying(ctx context.Context) backoff.BackOff {
 // Retry runs op until it succeeds, fails with an error Ambiguous does not
 // accept, or ctx ends. Each try gets its own deadline of tryTimeout (or
 // less, within ctx). onRetry, if not nil, is told of each failure that is
-// tried again.
+// tried again. The first try costs nothing more than op: the backoff is
+// set up only when it fails.
 func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
-	return backoff.RetryNotify(func() error {
+	try := func() error {
 		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
 		defer cancel()
 		err := op(tctx)
@@ -76,7 +77,19 @@ func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func
 			return backoff.Permanent(err)
 		}
 		return err
-	}, retrying(ctx), onRetry)
+	}
+	err := try()
+	var perm *backoff.PermanentError
+	if err == nil || errors.As(err, &perm) {
+		if perm != nil {
+			return perm.Err
+		}
+		return nil
+	}
+	if onRetry != nil {
+		onRetry(err, 0)
+	}
+	return backoff.RetryNotify(try, retrying(ctx), onRetry)
 }
 
 // Publish stores m in its stream, sending it again while the answer is
