@@ -166,9 +166,13 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	setup, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := d.Start(setup); err != nil {
+	// Start waits for as long as NATS needs (a cluster electing its leaders,
+	// a node restarting), logging why; a signal ends the wait.
+	if err := d.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while starting", "err", err)
+			return nil
+		}
 		return err
 	}
 
