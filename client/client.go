@@ -196,6 +196,16 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 			}
 			continue
 		}
+		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat) {
+			// On a cluster, the consumer may not be ready on its server
+			// yet, or it moves after a node failed: ask again.
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}

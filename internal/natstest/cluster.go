@@ -241,6 +241,22 @@ func (c *Cluster) Kill(i int) {
 	<-done
 }
 
+// Freeze stops server i with SIGSTOP: its connections stay open but
+// nothing answers, as with a node cut off by the network. Thaw resumes it.
+func (c *Cluster) Freeze(i int) { c.signal(i, syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server with SIGCONT.
+func (c *Cluster) Thaw(i int) { c.signal(i, syscall.SIGCONT) }
+
+func (c *Cluster) signal(i int, sig syscall.Signal) {
+	nd := c.nodes[i]
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.cmd != nil {
+		_ = nd.cmd.Process.Signal(sig)
+	}
+}
+
 // Restart starts server i again (killing it first if it runs) with the same
 // ports, name and store, and waits until it accepts connections.
 func (c *Cluster) Restart(i int) {
@@ -363,6 +379,9 @@ func (c *Cluster) conn() (*nats.Conn, error) {
 	c.nc = nc
 	return nc, nil
 }
+
+// Index returns the index of the server named name, or -1.
+func (c *Cluster) Index(name string) int { return c.index(name) }
 
 func (c *Cluster) index(name string) int {
 	for i, nd := range c.nodes {

@@ -212,3 +212,114 @@ func TestSetupFailsAtOnceOnMisconfiguration(t *testing.T) {
 		}
 	})
 }
+
+// A connection given the whole seed list rides through the loss of its
+// server: killed (the socket closes), then frozen (the socket stays open
+// and nothing answers; only unanswered pings reveal it). Each time it
+// moves to another node, and a replicated stream takes writes again.
+func TestConnectToTheSeedListSurvivesAKilledAndAFrozenNode(t *testing.T) {
+	c := natstest.RunCluster(t, 3)
+	c.WaitReady(t, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := &logBuffer{}
+	nc, err := queue.Connect(ctx, queue.ConnConfig{URL: c.URLs(), Name: "seed-test", PingInterval: 500 * time.Millisecond, Logger: log.logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js := newJS(t, nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEEDS", Subjects: []string{"seeds.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(id string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			pctx, pcancel := context.WithTimeout(ctx, time.Second)
+			_, err := js.Publish(pctx, "seeds."+id, []byte(id), jetstream.WithMsgID(id))
+			pcancel()
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("publish %s: %v\n%s", id, err, log)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	publish("first")
+
+	killed := c.Index(nc.ConnectedServerName())
+	c.Kill(killed)
+	publish("after-kill")
+	if now := c.Index(nc.ConnectedServerName()); now == killed || now < 0 {
+		t.Fatalf("still on %s after it was killed", c.Name(killed))
+	}
+
+	// The stream needs two of its three servers: bring the killed one back.
+	c.Restart(killed)
+	c.WaitReady(t, 30*time.Second)
+	frozen := c.Index(nc.ConnectedServerName())
+	c.Freeze(frozen)
+	t0 := time.Now()
+	publish("after-freeze")
+	if now := c.Index(nc.ConnectedServerName()); now == frozen || now < 0 {
+		t.Fatalf("still on %s after it froze", c.Name(frozen))
+	}
+	t.Logf("moved off a frozen server in %s", time.Since(t0).Round(time.Millisecond))
+	c.Thaw(frozen)
+
+	info, err := js.Stream(ctx, "SEEDS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n != 3 {
+		t.Errorf("stream holds %d messages, want 3", n)
+	}
+	if nc.Reconnects < 2 || !strings.Contains(log.String(), "reconnected to NATS") {
+		t.Errorf("reconnects: %d\n%s", nc.Reconnects, log)
+	}
+}
+
+// Connect keeps trying while no server answers, saying so, and connects
+// once one does; without a bound of its own it waits until ctx ends.
+func TestConnectWaitsForNATS(t *testing.T) {
+	s := natstest.Run(t)
+	url := s.URL()
+	s.Shutdown()
+	s.WaitForShutdown()
+	log := &logBuffer{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		nc, err := queue.Connect(ctx, queue.ConnConfig{URL: url, Logger: log.logger()})
+		if err == nil {
+			nc.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	if !strings.Contains(log.String(), "waiting for NATS") {
+		t.Fatalf("no log line while waiting:\n%s", log)
+	}
+	s.Restart()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("still not connected after NATS came back")
+	}
+
+	short, scancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer scancel()
+	s.Shutdown()
+	s.WaitForShutdown()
+	if _, err := queue.Connect(short, queue.ConnConfig{URL: url}); err == nil ||
+		!strings.Contains(err.Error(), "no servers available") || !strings.Contains(err.Error(), "deadline exceeded") {
+		t.Errorf("connect to a stopped server: %v", err)
+	}
+}
