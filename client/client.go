@@ -174,43 +174,67 @@ func (c *Client) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// Result waits for a job's result.
+// Result waits for a job's result. It rides through the loss of a NATS
+// server: a consumer lost with its server is made again, and the result is
+// also read directly every few seconds, in case it came while no consumer
+// was there to see it.
 func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
-	if r, err := queue.LastResult(ctx, c.js, c.names, id); err != nil || r != nil {
-		return r, err
-	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.names.Results(id)},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("await result of %s: %w", id, err)
-	}
+	var cons jetstream.Consumer
 	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			continue
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := queue.LastResult(gctx, c.js, c.names, id)
+		cancel()
+		if r != nil {
+			return r, nil
 		}
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat) {
-			// On a cluster, the consumer may not be ready on its server
-			// yet, or it moves after a node failed: ask again.
+		if err != nil && !retryable(ctx, err) {
+			return nil, fmt.Errorf("await result of %s: %w", id, err)
+		}
+		if err == nil && cons == nil {
+			cons, err = c.js.OrderedConsumer(ctx, c.names.ResultsStream(), jetstream.OrderedConsumerConfig{
+				FilterSubjects: []string{c.names.Results(id)},
+			})
+			if err != nil && !retryable(ctx, err) {
+				return nil, fmt.Errorf("await result of %s: %w", id, err)
+			}
+		}
+		if cons != nil {
+			m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+			switch {
+			case err == nil:
+				return job.DecodeResult(m.Data())
+			case errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout):
+				// Nothing for a while: read directly again.
+			case retryable(ctx, err):
+				// On a cluster, the consumer may not be ready on its server
+				// yet, or was lost with it: make another.
+				cons = nil
+			default:
+				return nil, fmt.Errorf("await result of %s: %w", id, err)
+			}
+		}
+		if cons == nil {
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			case <-time.After(250 * time.Millisecond):
 			}
-			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("await result of %s: %w", id, err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		return job.DecodeResult(m.Data())
 	}
+}
+
+// retryable reports an error that a NATS cluster electing a leader or
+// losing a server causes, while ctx still runs.
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled))
 }
 
 // Events yields a job's lifecycle events from the first, live, and ends
