@@ -174,56 +174,43 @@ func (c *Client) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// Result waits for a job's result. It rides through the loss of a NATS
-// server: a consumer lost with its server is made again, and the result is
-// also read directly every few seconds, in case it came while no consumer
-// was there to see it.
+// Result waits for a job's result. It listens for the result as it is
+// published and reads it directly from the results stream, again every two
+// seconds, so that it rides through the loss of a NATS server: a result
+// published while the client reconnects is read from the stream.
 func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
-	var cons jetstream.Consumer
+	// Listen before the first read, so that no result falls in between.
+	published := make(chan *nats.Msg, 4)
+	sub, err := c.nc.ChanSubscribe(c.names.Results(id), published)
+	if err != nil {
+		return nil, fmt.Errorf("await result of %s: %w", id, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	var heard *nats.Msg
 	for {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		r, err := queue.LastResult(gctx, c.js, c.names, id)
 		cancel()
-		if r != nil {
+		switch {
+		case r != nil:
 			return r, nil
-		}
-		if err != nil && !retryable(ctx, err) {
+		case heard != nil:
+			// Published but not readable yet (a replica behind): the
+			// stream takes the first result of a job and refuses others,
+			// and the first published is the first heard.
+			return job.DecodeResult(heard.Data)
+		case err != nil && !retryable(ctx, err):
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}
-		if err == nil && cons == nil {
-			cons, err = c.js.OrderedConsumer(ctx, c.names.ResultsStream(), jetstream.OrderedConsumerConfig{
-				FilterSubjects: []string{c.names.Results(id)},
-			})
-			if err != nil && !retryable(ctx, err) {
-				return nil, fmt.Errorf("await result of %s: %w", id, err)
-			}
-		}
-		if cons != nil {
-			m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-			switch {
-			case err == nil:
-				return job.DecodeResult(m.Data())
-			case errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout):
-				// Nothing for a while: read directly again.
-			case retryable(ctx, err):
-				// On a cluster, the consumer may not be ready on its server
-				// yet, or was lost with it: make another.
-				cons = nil
-			default:
-				return nil, fmt.Errorf("await result of %s: %w", id, err)
-			}
-		}
-		if cons == nil {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-		if ctx.Err() != nil {
+		select {
+		case heard = <-published:
+		case <-tick.C:
+		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}

@@ -267,9 +267,10 @@ func (c *Cluster) Restart(i int) {
 }
 
 // WaitReady waits until every running server reports itself healthy on
-// its monitoring endpoint /healthz: JetStream enabled, in contact with and
+// its monitoring endpoint /healthz (JetStream enabled, in contact with and
 // current with the meta leader, and every stream and consumer it holds
-// current. It fails the test after d.
+// current) and the servers know the meta leader. It fails the test after d.
+// A stream may still be electing its leader: see WaitStreamLeader.
 func (c *Cluster) WaitReady(t testing.TB, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -284,8 +285,11 @@ func (c *Cluster) WaitReady(t testing.TB, d time.Duration) {
 				bad = append(bad, fmt.Sprintf("%s: %d %v %s", nd.name, code, err, strings.TrimSpace(body)))
 			}
 		}
-		if len(bad) == 0 {
+		if len(bad) == 0 && c.MetaLeader() >= 0 {
 			return
+		}
+		if len(bad) == 0 {
+			bad = append(bad, "no meta leader")
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("cluster not healthy after %s:\n%s", d, strings.Join(bad, "\n"))
@@ -320,11 +324,17 @@ func (c *Cluster) MetaLeader() int {
 // from the stream's info ($JS.API.STREAM.INFO.<stream>), or -1 when it has
 // no leader or cannot be asked now.
 func (c *Cluster) StreamLeader(stream string) int {
+	return c.leaderFrom("$JS.API.STREAM.INFO." + stream)
+}
+
+// leaderFrom asks for a stream's or a consumer's info and returns the index
+// of the leader it names.
+func (c *Cluster) leaderFrom(subject string) int {
 	nc, err := c.conn()
 	if err != nil {
 		return -1
 	}
-	msg, err := nc.Request("$JS.API.STREAM.INFO."+stream, nil, 2*time.Second)
+	msg, err := nc.Request(subject, nil, 2*time.Second)
 	if err != nil {
 		return -1
 	}
@@ -336,6 +346,13 @@ func (c *Cluster) StreamLeader(stream string) int {
 		return -1
 	}
 	return c.index(resp.Cluster.Leader)
+}
+
+// ConsumerLeader returns the index of the server that leads a stream's
+// consumer, from its info ($JS.API.CONSUMER.INFO.<stream>.<consumer>), or
+// -1 when it has no leader or cannot be asked now.
+func (c *Cluster) ConsumerLeader(stream, consumer string) int {
+	return c.leaderFrom("$JS.API.CONSUMER.INFO." + stream + "." + consumer)
 }
 
 // WaitStreamLeader waits until stream has a leader and returns its index.
