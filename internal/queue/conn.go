@@ -42,7 +42,10 @@ type ConnConfig struct {
 	// PingInterval is how often the client checks that its server still
 	// answers. Defaults to 10 seconds.
 	PingInterval time.Duration
-	Logger       *slog.Logger
+	// Logger gets the connection's events, and a line each time the first
+	// connection is tried again. Defaults to slog.Default, without those
+	// lines.
+	Logger *slog.Logger
 }
 
 // Connect dials NATS. URL may list several servers, comma-separated: the
@@ -157,8 +160,12 @@ func Connect(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 		}
 		return nil, err
 	}, b, func(err error, next time.Duration) {
-		log.Info("waiting for NATS", "url", redact(c.URL), "err", err,
-			"waited", time.Since(start).Round(time.Millisecond), "retry_in", next.Round(time.Millisecond))
+		// Only with a logger of the caller's: a command line tool gives
+		// none and says itself why it could not connect.
+		if c.Logger != nil {
+			log.Info("waiting for NATS", "url", redact(c.URL), "err", err,
+				"waited", time.Since(start).Round(time.Millisecond), "retry_in", next.Round(time.Millisecond))
+		}
 	})
 	if err != nil {
 		if last != nil && !errors.Is(err, last) {
