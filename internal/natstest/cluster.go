@@ -97,10 +97,7 @@ func RunCluster(t testing.TB, n int) *Cluster {
 	root := t.TempDir()
 	c := &Cluster{t: t, name: "fleet-test"}
 	for i := range n {
-		nd := &node{
-			name:   fmt.Sprintf("n%d", i),
-			client: freePort(t), route: freePort(t), httpP: freePort(t),
-		}
+		nd := &node{name: fmt.Sprintf("n%d", i)}
 		nd.dir = filepath.Join(root, nd.name)
 		nd.conf = filepath.Join(nd.dir, "nats.conf")
 		nd.log = filepath.Join(nd.dir, "nats.log")
@@ -108,6 +105,38 @@ func RunCluster(t testing.TB, n int) *Cluster {
 			t.Fatal(err)
 		}
 		c.nodes = append(c.nodes, nd)
+	}
+	t.Cleanup(c.cleanup)
+	// A free port is found by listening on :0 and closing; another process
+	// may take it before the server binds it. Then all start again on new
+	// ports, since every configuration names the others' route ports.
+	for try := 1; ; try++ {
+		c.configure(t)
+		for _, nd := range c.nodes {
+			c.start(nd, bin)
+		}
+		var err error
+		for i := range c.nodes {
+			if err = c.waitListening(i); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return c
+		}
+		for i := range c.nodes {
+			c.Kill(i)
+		}
+		if !strings.Contains(err.Error(), "address already in use") || try == 5 {
+			t.Fatal(err)
+		}
+	}
+}
+
+// configure gives every server free ports and writes its configuration.
+func (c *Cluster) configure(t testing.TB) {
+	for _, nd := range c.nodes {
+		nd.client, nd.route, nd.httpP = freePort(t), freePort(t), freePort(t)
 	}
 	for _, nd := range c.nodes {
 		var routes []string
@@ -135,14 +164,6 @@ cluster {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(c.cleanup)
-	for _, nd := range c.nodes {
-		c.start(nd, bin)
-	}
-	for i := range c.nodes {
-		c.waitListening(i)
-	}
-	return c
 }
 
 func (c *Cluster) start(nd *node, bin string) {
@@ -167,25 +188,24 @@ func (c *Cluster) start(nd *node, bin string) {
 }
 
 // waitListening waits until server i accepts client connections.
-func (c *Cluster) waitListening(i int) {
-	c.t.Helper()
+func (c *Cluster) waitListening(i int) error {
 	nd := c.nodes[i]
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		code, _, err := c.get(i, "/healthz?js-server-only=true")
 		if err == nil && code == http.StatusOK {
-			return
+			return nil
 		}
 		nd.mu.Lock()
 		done := nd.done
 		nd.mu.Unlock()
 		select {
 		case <-done:
-			c.t.Fatalf("nats-server %s exited while starting:\n%s", nd.name, tail(nd.log, 8<<10))
+			return fmt.Errorf("nats-server %s exited while starting:\n%s", nd.name, tail(nd.log, 8<<10))
 		default:
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("nats-server %s does not accept connections after 20s (%d, %v):\n%s", nd.name, code, err, tail(nd.log, 8<<10))
+			return fmt.Errorf("nats-server %s does not accept connections after 20s (%d, %v):\n%s", nd.name, code, err, tail(nd.log, 8<<10))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -263,7 +283,9 @@ func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	c.Kill(i)
 	c.start(c.nodes[i], ServerBinary(c.t))
-	c.waitListening(i)
+	if err := c.waitListening(i); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // WaitReady waits until every running server reports itself healthy on

@@ -28,8 +28,10 @@ const (
 	// retried: long enough for a restarting node to come back, short
 	// enough that a cluster smaller than the replicas fails clearly.
 	placementGrace = time.Minute
-	// quietWait is how long waiting is logged at info level before warning.
+	// quietWait is how long each try is logged, at info level; after it, a
+	// warning is logged every logEvery.
 	quietWait = 10 * time.Second
+	logEvery  = 30 * time.Second
 )
 
 // kind is what retry does with an error.
@@ -94,7 +96,7 @@ func retry(ctx context.Context, js jetstream.JetStream, log *slog.Logger, what s
 	timeout := firstCallTimeout
 	start := time.Now()
 	var last error
-	var placing time.Time
+	var placing, logged time.Time
 	b := backoff.WithContext(backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(100*time.Millisecond),
 		backoff.WithMultiplier(2),
@@ -133,10 +135,15 @@ func retry(ctx context.Context, js jetstream.JetStream, log *slog.Logger, what s
 		}
 		return err
 	}, b, func(err error, next time.Duration) {
+		// Every try while it is short; then a warning every 30s.
 		level := slog.LevelInfo
-		if time.Since(start) > quietWait {
+		if waited := time.Since(start); waited > quietWait {
+			if time.Since(logged) < logEvery {
+				return
+			}
 			level = slog.LevelWarn
 		}
+		logged = time.Now()
 		log.Log(ctx, level, "waiting for JetStream", "for", what, "err", err,
 			"waited", time.Since(start).Round(time.Millisecond), "retry_in", next.Round(time.Millisecond))
 	})
