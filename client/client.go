@@ -181,33 +181,54 @@ func (c *Client) bucket(ctx context.Context) (*queue.Store, error) {
 	return store, nil
 }
 
-// Result waits for a job's result.
+// Result waits for a job's result. It listens for the result as it is
+// published and reads it directly from the results stream, again every two
+// seconds, so that it rides through the loss of a NATS server: a result
+// published while the client reconnects is read from the stream.
 func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
-	if r, err := queue.LastResult(ctx, c.js, c.names, id); err != nil || r != nil {
-		return r, err
-	}
-	cons, err := c.js.OrderedConsumer(ctx, c.names.ResultsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.names.Results(id)},
-	})
+	// Listen before the first read, so that no result falls in between.
+	published := make(chan *nats.Msg, 4)
+	sub, err := c.nc.ChanSubscribe(c.names.Results(id), published)
 	if err != nil {
 		return nil, fmt.Errorf("await result of %s: %w", id, err)
 	}
+	defer func() { _ = sub.Unsubscribe() }()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	var heard *nats.Msg
 	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			continue
-		}
-		if err != nil {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := queue.LastResult(gctx, c.js, c.names, id)
+		cancel()
+		switch {
+		case r != nil:
+			return r, nil
+		case heard != nil:
+			// Published but not readable yet (a replica behind): the
+			// stream takes the first result of a job and refuses others,
+			// and the first published is the first heard.
+			return job.DecodeResult(heard.Data)
+		case err != nil && !retryable(ctx, err):
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}
-		return job.DecodeResult(m.Data())
+		select {
+		case heard = <-published:
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
+}
+
+// retryable reports an error that a NATS cluster electing a leader or
+// losing a server causes, while ctx still runs.
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled))
 }
 
 // Events yields a job's lifecycle events from the first, live, and ends

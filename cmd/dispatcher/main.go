@@ -158,9 +158,7 @@ func run(args []string) error {
 		}
 	}()
 	start := func(s service) error {
-		setup, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		if err := s.Start(setup); err != nil {
+		if err := s.Start(ctx); err != nil {
 			return err
 		}
 		running = append(running, s)
@@ -209,7 +207,13 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Start waits for as long as NATS needs (a cluster electing its leaders,
+	// a node restarting), logging why; a signal ends the wait.
 	if err := start(d); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while starting", "err", err)
+			return nil
+		}
 		return err
 	}
 

@@ -188,14 +188,22 @@ func run(args []string) error {
 	if w, err = worker.New(nc, exec, cfg); err != nil {
 		return err
 	}
-	setup, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
 	if led != nil {
-		if err := led.Start(setup); err != nil {
+		setup, cancel := context.WithTimeout(ctx, time.Minute)
+		err := led.Start(setup)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
-	if err := w.Start(setup); err != nil {
+	// Start waits for as long as it takes a dispatcher to create the
+	// streams and the NATS cluster to elect its leaders, logging why; a
+	// signal ends the wait.
+	if err := w.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while starting", "err", err)
+			return nil
+		}
 		return err
 	}
 

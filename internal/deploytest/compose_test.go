@@ -3,7 +3,6 @@ package deploytest
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -221,14 +220,34 @@ const standIns = `services:
 // standIns), then runs a job on its Docker workers from the host, as the
 // README says.
 func TestComposeUpRunsAJob(t *testing.T) {
+	f := composeUp(t, nil, standIns)
+	f.waitWorkers(t)
+	f.runJob(t, "compose")
+}
+
+// composeFleet is a compose project started by a test.
+type composeFleet struct {
+	run      func(args ...string) (string, string, error)
+	api      string
+	token    string
+	suffix   string
+	jobImage string
+	nc       *nats.Conn
+	client   *fleetclient.Client
+}
+
+// composeUp starts docker-compose.yml, with the extra compose files and the
+// stand-ins for the third-party images, with the image under test built
+// from local binaries; everything is removed when the test ends.
+func composeUp(t *testing.T, files []string, standIns string) *composeFleet {
+	t.Helper()
 	cli := dockertest.Client(t)
 	argv := compose(t)
 	_, err := os.Stat("/var/run/docker.sock")
 	testenv.Require(t, err == nil, "the workers mount /var/run/docker.sock: %v", err)
-	jobImage := dockertest.TestImage(t)
+	f := &composeFleet{jobImage: dockertest.TestImage(t), suffix: randomSuffix()}
 
-	suffix := randomSuffix()
-	tag := "fleet-deploytest/compose:" + suffix
+	tag := "fleet-deploytest/compose:" + f.suffix
 	buildRuntimeLocal(t, cli, tag)
 
 	dir := t.TempDir()
@@ -244,52 +263,63 @@ func TestComposeUpRunsAJob(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dataRoot) })
 
-	token := "compose-" + randomSuffix() + randomSuffix()
+	f.token = "compose-" + randomSuffix() + randomSuffix()
 	root := repoRoot(t)
-	env := toolEnv(t, "FLEET_IMAGE="+tag, "FLEET_API_TOKEN="+token, "FLEET_DATA_ROOT="+dataRoot,
+	env := toolEnv(t, "FLEET_IMAGE="+tag, "FLEET_API_TOKEN="+f.token, "FLEET_DATA_ROOT="+dataRoot,
 		"FLEET_NATS_PORT=", "FLEET_HTTP_PORT=", "FLEET_LOG_LEVEL=debug")
-	project := []string{"-p", "fleet-deploytest-" + suffix, "-f", filepath.Join(root, "docker-compose.yml"),
-		"-f", override, "--project-directory", root}
-	composeRun := func(args ...string) (string, string, error) {
+	project := []string{"-p", "fleet-deploytest-" + f.suffix, "-f", filepath.Join(root, "docker-compose.yml")}
+	for _, file := range files {
+		project = append(project, "-f", filepath.Join(root, file))
+	}
+	project = append(project, "-f", override, "--project-directory", root)
+	f.run = func(args ...string) (string, string, error) {
 		return tryRun(root, env, nil, append(append(slices.Clone(argv), project...), args...)...)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _, _ := composeRun("logs", "--no-color", "--tail", "80")
+			out, _, _ := f.run("logs", "--no-color", "--tail", "80")
 			t.Logf("--- compose logs:\n%s", out)
 		}
-		if _, stderr, err := composeRun("down", "--volumes", "--remove-orphans", "--timeout", "5"); err != nil {
+		if _, stderr, err := f.run("down", "--volumes", "--remove-orphans", "--timeout", "5"); err != nil {
 			t.Errorf("compose down: %v\n%s", err, stderr)
 		}
 	})
 	start := time.Now()
-	if _, stderr, err := composeRun("up", "--detach", "--wait", "--wait-timeout", "120", "--no-build", "--pull", "never"); err != nil {
+	if _, stderr, err := f.run("up", "--detach", "--wait", "--wait-timeout", "120", "--no-build", "--pull", "never"); err != nil {
 		t.Fatalf("compose up: %v\n%s", err, tail(stderr, 4000))
 	}
 	t.Logf("compose up --wait: %s", time.Since(start).Round(100*time.Millisecond))
 
-	port := func(service, p string) string {
-		out, stderr, err := composeRun("port", service, p)
-		if err != nil {
-			t.Fatalf("compose port %s %s: %v\n%s", service, p, err, stderr)
-		}
-		return strings.TrimSpace(out)
-	}
-	api := "http://" + port("dispatcher", "8080")
-	nc, err := nats.Connect("nats://"+port("nats", "4222"), nats.Timeout(5*time.Second))
+	f.api = "http://" + f.port(t, "dispatcher", "8080")
+	f.nc, err = nats.Connect("nats://"+f.port(t, "nats", "4222"), nats.Timeout(5*time.Second),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	fc, err := fleetclient.New(nc)
-	if err != nil {
+	t.Cleanup(f.nc.Close)
+	if f.client, err = fleetclient.New(f.nc); err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
 
-	// Both workers heartbeat; the API wants the token.
+// port returns the host address of a service's published port.
+func (f *composeFleet) port(t *testing.T, service, p string) string {
+	t.Helper()
+	out, stderr, err := f.run("port", service, p)
+	if err != nil {
+		t.Fatalf("compose port %s %s: %v\n%s", service, p, err, stderr)
+	}
+	return strings.TrimSpace(out)
+}
+
+// waitWorkers waits until both workers heartbeat, checking on the way that
+// the API wants the token.
+func (f *composeFleet) waitWorkers(t *testing.T) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		code, body := apiGet(t, api+"/v1/workers", token)
+		code, body := apiGet(t, f.api+"/v1/workers", f.token)
 		if code == http.StatusOK && strings.Contains(body, `"worker-1"`) && strings.Contains(body, `"worker-2"`) {
 			break
 		}
@@ -298,38 +328,44 @@ func TestComposeUpRunsAJob(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	if code, _ := apiGet(t, api+"/v1/workers", ""); code != http.StatusUnauthorized {
+	if code, _ := apiGet(t, f.api+"/v1/workers", ""); code != http.StatusUnauthorized {
 		t.Errorf("GET /v1/workers without a token: %d, want 401", code)
 	}
+}
 
+// runJob submits a job to the Docker workers from the host and checks its
+// result. A submission that gets no answer (a NATS server electing) or is
+// refused (admission has not seen the workers yet) is sent again with the
+// same id, which makes it run once.
+func (f *composeFleet) runJob(t *testing.T, name string) {
+	t.Helper()
 	req := &job.Request{
-		Image:      jobImage,
+		ID:         fmt.Sprintf("%s-%s", name, f.suffix),
+		Image:      f.jobImage,
 		PullPolicy: job.PullNever,
-		Command:    []string{"/testprog", "copy", "/fleet/inputs/name.txt", "/fleet/outputs/greeting.txt", "echo", "hello from compose"},
-		Inputs:     map[string]string{"name.txt": "compose"},
+		Command:    []string{"/testprog", "copy", "/fleet/inputs/name.txt", "/fleet/outputs/greeting.txt", "echo", "hello from " + name},
+		Inputs:     map[string]string{"name.txt": name},
 		Outputs:    []string{"greeting.txt"},
 	}
 	for try := 0; ; try++ {
-		req.ID = fmt.Sprintf("compose-%s-%d", suffix, try)
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		_, err := fc.Submit(ctx, req)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := f.client.Submit(ctx, req)
 		cancel()
-		var rejected *fleetclient.RejectedError
 		if err == nil {
 			break
 		}
-		if !errors.As(err, &rejected) || try == 50 {
+		if try == 50 {
 			t.Fatalf("submit: %v", err)
 		}
-		time.Sleep(200 * time.Millisecond) // admission has not seen the workers yet
+		time.Sleep(200 * time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	r, err := fc.Result(ctx, req.ID)
+	r, err := f.client.Result(ctx, req.ID)
 	if err != nil {
 		t.Fatalf("result of %s: %v", req.ID, err)
 	}
-	if r.Status != job.StatusSucceeded || r.Backend != "docker" || r.Outputs["greeting.txt"] != "compose" || !strings.Contains(r.Stdout, "hello from compose") {
+	if r.Status != job.StatusSucceeded || r.Backend != "docker" || r.Outputs["greeting.txt"] != name || !strings.Contains(r.Stdout, "hello from "+name) {
 		t.Errorf("result: status %s, backend %s, worker %s, outputs %v, stdout %q, stderr %q, failure %+v",
 			r.Status, r.Backend, r.WorkerID, r.Outputs, r.Stdout, r.Stderr, r.Failure)
 	}

@@ -33,6 +33,7 @@ var valueSets = []struct {
 	{"default", nil},
 	{"all-on", []string{"ci/all-on-values.yaml"}},
 	{"hpa", []string{"ci/hpa-values.yaml"}},
+	{"cluster", []string{"values-cluster.yaml"}},
 }
 
 func valueArgs(files []string) []string {
@@ -565,6 +566,42 @@ spec:
 // TestChartServerDryRun sends every rendering to the real API server of
 // internal/kubetest with kubectl apply --dry-run=server: admission,
 // validation and defaulting run, nothing is stored.
+// TestChartClusterValues: values-cluster.yaml gives every process the whole
+// seed list, the dispatcher three stream replicas, and two dispatchers.
+func TestChartClusterValues(t *testing.T) {
+	objs := render(t, "fleet", valueArgs([]string{"values-cluster.yaml"})...)
+	seeds := 0
+	for _, w := range workloads(t, objs) {
+		for _, c := range w.pod.Spec.Containers {
+			url := envOf(c)["FLEET_NATS_URL"].Value
+			if n := len(strings.Split(url, ",")); n < 3 {
+				t.Errorf("%s: FLEET_NATS_URL %q has %d servers, want 3", w.name, url, n)
+			}
+			seeds++
+		}
+	}
+	if seeds < 2 {
+		t.Fatalf("checked %d containers", seeds)
+	}
+	var found bool
+	for _, o := range find(objs, "Deployment") {
+		d := convert[appsv1.Deployment](t, o)
+		if d.Spec.Template.Spec.Containers[0].Name != "dispatcher" {
+			continue
+		}
+		found = true
+		if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+			t.Errorf("dispatcher replicas %v, want 2 or more", d.Spec.Replicas)
+		}
+		if got := envOf(d.Spec.Template.Spec.Containers[0])["FLEET_REPLICAS"].Value; got != "3" {
+			t.Errorf("dispatcher FLEET_REPLICAS %q, want 3", got)
+		}
+	}
+	if !found {
+		t.Fatal("no dispatcher Deployment")
+	}
+}
+
 func TestChartServerDryRun(t *testing.T) {
 	h := helm(t)
 	env := kubetest.Start(t)

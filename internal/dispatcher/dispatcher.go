@@ -95,27 +95,29 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
-// Start creates or updates the streams and the bucket, and starts taking
-// submissions. It returns once the dispatcher is ready.
+// Start creates or updates the streams and the buckets, and starts taking
+// submissions. It returns once the dispatcher is ready. While the NATS
+// cluster elects its leaders it waits and logs why, until ctx ends; any
+// number of dispatchers may start at once.
 func (d *Dispatcher) Start(ctx context.Context) error {
-	if err := queue.Setup(ctx, d.js, d.cfg.Queue); err != nil {
+	if err := queue.Setup(ctx, d.js, d.cfg.Queue, d.log); err != nil {
 		return err
 	}
-	store, err := queue.NewStore(ctx, d.js, d.names)
+	store, err := queue.NewStore(ctx, d.js, d.names, d.log)
 	if err != nil {
 		return err
 	}
 	d.store = store
-	cons, err := queue.IntakeConsumer(ctx, d.js, d.cfg.Queue)
+	cons, err := queue.IntakeConsumer(ctx, d.js, d.cfg.Queue, d.log)
+	if err != nil {
+		return err
+	}
+	intake, err := queue.OpenBucket(ctx, d.js, d.names.IntakeBucket(), d.log)
 	if err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
-	intake, err := d.js.KeyValue(ctx, d.names.IntakeBucket())
-	if err != nil {
-		return fmt.Errorf("open bucket %s: %w", d.names.IntakeBucket(), err)
-	}
 	p, err := d.startPeers(runCtx)
 	if err != nil {
 		return fmt.Errorf("announce the dispatcher: %w", err)

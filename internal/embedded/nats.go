@@ -22,7 +22,8 @@ type NATSConfig struct {
 	// DataDir holds JetStream's files (under DataDir/jetstream).
 	DataDir string
 	// ConfigFile is a NATS server configuration file (accounts, users,
-	// TLS). Listen address and JetStream storage from it are overridden.
+	// TLS, a server name, a cluster block). Listen address and JetStream
+	// storage from it are overridden.
 	ConfigFile string
 	// MaxPayload bounds a message. Defaults to 8 MiB.
 	MaxPayload int32
@@ -41,7 +42,11 @@ func StartNATS(c NATSConfig) (*server.Server, error) {
 			return nil, fmt.Errorf("nats config %s: %w", c.ConfigFile, err)
 		}
 	}
-	opts.ServerName = "fleet-embedded"
+	// A name from the configuration wins: the servers of a cluster need
+	// names of their own.
+	if opts.ServerName == "" {
+		opts.ServerName = "fleet-embedded"
+	}
 	opts.Host, opts.Port = host, port
 	opts.JetStream = true
 	opts.StoreDir = filepath.Join(c.DataDir, "jetstream")

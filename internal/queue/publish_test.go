@@ -66,7 +66,7 @@ func TestResultIsPublishedOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cfg := queue.Config{MemoryStorage: true}
-	if err := queue.Setup(ctx, js, cfg); err != nil {
+	if err := queue.Setup(ctx, js, cfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	n := cfg.WithDefaults().Names

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -31,19 +32,13 @@ type Store struct {
 	names Names
 }
 
-// NewStore binds to the jobs bucket, which must exist (see Setup).
-func NewStore(ctx context.Context, js jetstream.JetStream, names Names) (*Store, error) {
-	var kv jetstream.KeyValue
-	err := retry(ctx, func() (err error) {
-		kv, err = js.KeyValue(ctx, names.Bucket())
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			// The dispatcher may not have created it yet.
-			return fmt.Errorf("%w: %w", jetstream.ErrNoStreamResponse, err)
-		}
-		return err
-	})
+// NewStore binds to the jobs bucket. It waits, logging why to log, while the
+// bucket does not exist yet (a dispatcher creates it, see Setup) or the
+// cluster elects its leaders.
+func NewStore(ctx context.Context, js jetstream.JetStream, names Names, log *slog.Logger) (*Store, error) {
+	kv, err := OpenBucket(ctx, js, names.Bucket(), log)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", names.Bucket(), err)
+		return nil, err
 	}
 	return &Store{js: js, kv: kv, names: names}, nil
 }

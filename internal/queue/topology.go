@@ -2,8 +2,9 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,26 +125,78 @@ func (c Config) KeyValue() jetstream.KeyValueConfig {
 	}
 }
 
-// Setup creates or updates the streams and the bucket. It is idempotent and
-// safe to run from several dispatchers at once.
-func Setup(ctx context.Context, js jetstream.JetStream, c Config) error {
+// Setup creates or updates the streams and the buckets. It is idempotent
+// and safe to run from several dispatchers at once, and it waits (logging
+// why to log) while the cluster elects its leaders; it fails at once on what
+// waiting cannot fix, such as replicas a single server cannot hold, or
+// permissions.
+//
+// The streams and buckets are set up at the same time, not one after the
+// other: a cluster may leave unanswered a create that races an identical
+// one from another process (the stream is created, but the answer is
+// lost), and each such loss costs a call's deadline before the next try
+// finds the stream. Dispatchers that start together race on every asset,
+// so in parallel the fleet pays that once, not once per asset.
+func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	run := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+					cancel() // the others stop waiting
+				}
+				mu.Unlock()
+			}
+		}()
+	}
 	for _, sc := range c.Streams() {
-		if err := retry(ctx, func() error {
-			_, err := js.CreateOrUpdateStream(ctx, sc)
-			return err
-		}); err != nil {
-			return fmt.Errorf("create stream %s: %w", sc.Name, err)
-		}
+		run(func() error {
+			if err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) error {
+				_, err := js.CreateOrUpdateStream(ctx, sc)
+				return err
+			}); err != nil {
+				return fmt.Errorf("create stream %s: %w", sc.Name, err)
+			}
+			return nil
+		})
 	}
 	for _, kv := range []jetstream.KeyValueConfig{c.KeyValue(), c.IntakeKeyValue()} {
-		if err := retry(ctx, func() error {
-			_, err := js.CreateOrUpdateKeyValue(ctx, kv)
-			return err
-		}); err != nil {
-			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
-		}
+		run(func() error {
+			if err := retry(ctx, js, log, "bucket "+kv.Bucket, func(ctx context.Context) error {
+				_, err := js.CreateOrUpdateKeyValue(ctx, kv)
+				return err
+			}); err != nil {
+				return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
+			}
+			return nil
+		})
 	}
-	return nil
+	wg.Wait()
+	return first
+}
+
+// OpenBucket binds to a key-value bucket, waiting while it does not exist
+// yet (a dispatcher creates it) or the cluster elects its leaders.
+func OpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, log *slog.Logger) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := retry(ctx, js, log, "bucket "+bucket, func(ctx context.Context) (err error) {
+		kv, err = js.KeyValue(ctx, bucket)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
+	}
+	return kv, nil
 }
 
 // IntakeKeyValue returns the configuration of the dispatchers' claims
@@ -161,8 +214,8 @@ func (c Config) IntakeKeyValue() jetstream.KeyValueConfig {
 }
 
 // IntakeConsumer creates or updates the dispatchers' consumer on the submit
-// stream.
-func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Consumer, error) {
+// stream, waiting as Setup does.
+func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.Names.IntakeConsumer(),
@@ -173,7 +226,7 @@ func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jets
 		MaxAckPending: c.MaxAckPending,
 	}
 	var cons jetstream.Consumer
-	err := retry(ctx, func() (err error) {
+	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
 		cons, err = js.CreateOrUpdateConsumer(ctx, c.SubmitStream(), cc)
 		return err
 	})
@@ -183,8 +236,9 @@ func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config) (jets
 	return cons, nil
 }
 
-// PoolConsumer creates or updates the consumer a pool's workers share.
-func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool string) (jetstream.Consumer, error) {
+// PoolConsumer creates or updates the consumer a pool's workers share,
+// waiting as Setup does, also for a dispatcher to create the jobs stream.
+func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.Names.PoolConsumer(pool),
@@ -197,7 +251,7 @@ func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool st
 		MaxWaiting:    4096,
 	}
 	var cons jetstream.Consumer
-	err := retry(ctx, func() (err error) {
+	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
 		cons, err = js.CreateOrUpdateConsumer(ctx, c.JobsStream(), cc)
 		return err
 	})
@@ -205,29 +259,4 @@ func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool st
 		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
 	}
 	return cons, nil
-}
-
-// retry runs op until it succeeds, the context ends, or it fails with an
-// error other than a transient one (JetStream not ready yet, a concurrent
-// update from another process).
-func retry(ctx context.Context, op func() error) error {
-	delay := 50 * time.Millisecond
-	for {
-		err := op()
-		if err == nil || !transient(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(err, ctx.Err())
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 2*time.Second)
-	}
-}
-
-func transient(err error) bool {
-	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrConsumerExists) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrNoHeartbeat)
 }

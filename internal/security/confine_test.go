@@ -85,12 +85,12 @@ func TestRolesAreConfined(t *testing.T) {
 	// consumer; a job waits for pool "other".
 	disp := connectAs(t, s.url(), k, roleDispatcher)
 	djs, _ := jetstream.New(disp.Conn)
-	if err := queue.Setup(ctx, djs, qc); err != nil {
+	if err := queue.Setup(ctx, djs, qc, nil); err != nil {
 		t.Fatal(err)
 	}
 	other := connectAs(t, s.url(), k, roleWorker("other"))
 	ojs, _ := jetstream.New(other.Conn)
-	otherCons, err := queue.PoolConsumer(ctx, ojs, qc, "other")
+	otherCons, err := queue.PoolConsumer(ctx, ojs, qc, "other", nil)
 	if err != nil {
 		t.Fatalf("worker of pool other: %v", err)
 	}
@@ -99,7 +99,7 @@ func TestRolesAreConfined(t *testing.T) {
 	}
 	work := connectAs(t, s.url(), k, roleWorker("default"))
 	wjs, _ := jetstream.New(work.Conn)
-	if _, err := queue.PoolConsumer(ctx, wjs, qc, "default"); err != nil {
+	if _, err := queue.PoolConsumer(ctx, wjs, qc, "default", nil); err != nil {
 		t.Fatalf("worker of pool default: %v", err)
 	}
 	prod := connectAs(t, s.url(), k, roleProducer)
@@ -154,7 +154,7 @@ func TestRolesAreConfined(t *testing.T) {
 	t.Run("a producer cannot take jobs, read dead letters, or change streams", func(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
-		if _, err := queue.PoolConsumer(short, pjs, qc, "default"); err == nil {
+		if _, err := queue.PoolConsumer(short, pjs, qc, "default", nil); err == nil {
 			t.Fatal("a producer created a pool's consumer")
 		}
 		refused(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-default.fleet.jobs.default")
@@ -197,7 +197,7 @@ func TestRolesAreConfined(t *testing.T) {
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
 		// Not by creating or binding to that pool's consumer...
-		if _, err := queue.PoolConsumer(short, wjs, qc, "other"); err == nil {
+		if _, err := queue.PoolConsumer(short, wjs, qc, "other", nil); err == nil {
 			t.Fatal("a worker of pool default created the consumer of pool other")
 		}
 		refused(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-other.fleet.jobs.other")

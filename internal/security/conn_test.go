@@ -107,7 +107,7 @@ func TestTLSWithClientCertificates(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := queue.Setup(ctx, js, queue.Config{}); err != nil {
+		if err := queue.Setup(ctx, js, queue.Config{}, nil); err != nil {
 			t.Fatalf("setup over TLS: %v", err)
 		}
 	})
@@ -398,7 +398,7 @@ func TestEmbeddedServerRunsTheShippedConfig(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := queue.Setup(ctx, js, queue.Config{}); err != nil {
+	if err := queue.Setup(ctx, js, queue.Config{}, nil); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	if err, _ := tryConnect(t, queue.ConnConfig{URL: url}); err == nil {

@@ -66,13 +66,13 @@ func TestOperatorScripts(t *testing.T) {
 	defer cancel()
 	disp := connectAs(t, s.url(), k, roleDispatcher)
 	djs, _ := jetstream.New(disp.Conn)
-	if err := queue.Setup(ctx, djs, queue.Config{}); err != nil {
+	if err := queue.Setup(ctx, djs, queue.Config{}, nil); err != nil {
 		t.Fatalf("dispatcher: %v", err)
 	}
 	for _, pool := range []string{"default", "gpu-a100"} {
 		w := connectAs(t, s.url(), k, roleWorker(pool))
 		wjs, _ := jetstream.New(w.Conn)
-		if _, err := queue.PoolConsumer(ctx, wjs, queue.Config{}, pool); err != nil {
+		if _, err := queue.PoolConsumer(ctx, wjs, queue.Config{}, pool, nil); err != nil {
 			t.Fatalf("worker of %s: %v", pool, err)
 		}
 	}

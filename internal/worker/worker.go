@@ -195,9 +195,11 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 }
 
 // Start binds to the pool's consumer and starts pulling. It returns once the
-// worker is pulling; ctx bounds only the setup.
+// worker is pulling; ctx bounds only the setup. Until a dispatcher has
+// created the streams, and while the NATS cluster elects its leaders, it
+// waits and logs why.
 func (w *Worker) Start(ctx context.Context) error {
-	store, err := queue.NewStore(ctx, w.js, w.names)
+	store, err := queue.NewStore(ctx, w.js, w.names, w.log)
 	if err != nil {
 		return err
 	}
@@ -207,7 +209,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 		}
 	}
-	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
 	if err != nil {
 		return err
 	}
