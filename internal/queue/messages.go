@@ -38,7 +38,7 @@ func (n Names) ResultMsg(r *job.Result) (*nats.Msg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode result: %w", err)
 	}
-	m := nats.NewMsg(n.Results(r.JobID))
+	m := nats.NewMsg(n.ResultsIn(r.JobID))
 	m.Data = data
 	m.Header.Set(HeaderMsgID, r.JobID+"/result")
 	return m, nil

@@ -15,7 +15,8 @@ import (
 //	fleet.submit.direct     core NATS, answered by one dispatcher (queue group)
 //	fleet.jobs.<pool>       stream FLEET_JOBS (work queue), consumer jobs-<pool>
 //	fleet.events.<job_id>   stream FLEET_EVENTS (limits, max age)
-//	fleet.results.<job_id>  stream FLEET_RESULTS (limits, max age, one per job)
+//	fleet.results.<job_id>  stream FLEET_RESULTS (limits, max age, one per job),
+//	                        published on fleet.results-in.<job_id>: stored, then republished
 //	fleet.cancel.<job_id>   core NATS
 //	fleet.dlq.<pool>        stream FLEET_DLQ
 //	fleet-jobs              key-value bucket of job states
@@ -46,6 +47,8 @@ func (n Names) Events(id string) string    { return n.prefix() + ".events." + id
 func (n Names) AllEvents() string          { return n.prefix() + ".events.>" }
 func (n Names) Results(id string) string   { return n.prefix() + ".results." + id }
 func (n Names) AllResults() string         { return n.prefix() + ".results.>" }
+func (n Names) ResultsIn(id string) string { return n.prefix() + ".results-in." + id }
+func (n Names) AllResultsIn() string       { return n.prefix() + ".results-in.>" }
 func (n Names) Cancel(id string) string    { return n.prefix() + ".cancel." + id }
 func (n Names) AllCancels() string         { return n.prefix() + ".cancel.>" }
 func (n Names) DLQ(pool string) string     { return n.prefix() + ".dlq." + pool }

@@ -29,28 +29,12 @@ const tryTimeout = 3 * time.Second
 // moment later it will be: a step that meets it is tried again.
 var errUnsettled = errors.New("not settled yet")
 
-// Ambiguous reports whether a publish failed in a way that leaves it
-// unknown whether the stream stored the message, or that will pass:
-// timeouts, no responders while a stream elects its leader, a connection
-// that is reconnecting, a stream that says it is not available now.
-func Ambiguous(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, errUnsettled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		// 503: JetStream or the stream is not available right now; 408 and
-		// 504: a request timed out inside the cluster.
-		return apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 504
-	}
-	return false
-}
+// Ambiguous reports whether a publish or a read failed in a way that
+// leaves it unknown whether the stream stored the message, or that will
+// pass: timeouts, no responders while a stream elects its leader, a
+// connection that is reconnecting, a cluster that says it is not available
+// now. It is what the fleet's setup waits out too (see classify).
+func Ambiguous(err error) bool { return err != nil && classify(err) == transient }
 
 // retrying returns the backoff of a step that must eventually succeed:
 // quick at first, then at most every two seconds, until ctx ends.

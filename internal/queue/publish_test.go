@@ -70,6 +70,10 @@ func TestResultIsPublishedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := cfg.WithDefaults().Names
+	heard, err := s.Connect(t).SubscribeSync(n.Results("once"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	first := &job.Result{JobID: "once", Pool: "default", Status: job.StatusSucceeded, Attempts: 1, FinishedAt: time.Now()}
 	if stood, err := queue.PublishResult(ctx, js, n, first); err != nil || stood != first {
 		t.Fatalf("first result: %+v %v", stood, err)
@@ -85,5 +89,16 @@ func TestResultIsPublishedOnce(t *testing.T) {
 	}
 	if st, _ := info.Info(ctx); st.State.Msgs != 1 {
 		t.Fatalf("%d results stored", st.State.Msgs)
+	}
+	// A subscriber of the subject hears the stored result, once.
+	m, err := heard.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := job.DecodeResult(m.Data); err != nil || r.Status != job.StatusSucceeded {
+		t.Fatalf("heard %+v %v", r, err)
+	}
+	if m, err := heard.NextMsg(500 * time.Millisecond); err == nil {
+		t.Fatalf("heard a second result: %s", m.Data)
 	}
 }

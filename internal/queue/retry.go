@@ -50,9 +50,10 @@ func classify(err error) kind {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrDisconnected),
-		errors.Is(err, nats.ErrReconnectBufExceeded):
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrReconnectBufExceeded),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, errUnsettled):
 		// No answer: no meta or stream leader yet, or the connection is
-		// between servers.
+		// between servers; or what was read is not settled yet.
 		return transient
 	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
 		// The server or the account has no JetStream: a configuration to fix.

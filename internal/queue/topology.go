@@ -97,7 +97,13 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	events.MaxAge = c.Retention
 	events.AllowDirect = true
 
-	results := base(c.ResultsStream(), "The one final result of every job", c.AllResults())
+	// Results are published on <prefix>.results-in.<id>, stored as
+	// <prefix>.results.<id>, and only once stored republished there for
+	// subscribers: a result the stream refuses (a second one, or one sent
+	// again after its answer was lost) reaches no one.
+	results := base(c.ResultsStream(), "The one final result of every job", c.AllResultsIn())
+	results.SubjectTransform = &jetstream.SubjectTransformConfig{Source: c.AllResultsIn(), Destination: c.AllResults()}
+	results.RePublish = &jetstream.RePublish{Source: c.AllResults(), Destination: c.AllResults()}
 	results.MaxAge = c.Retention
 	results.AllowDirect = true
 	// One result per job, enforced by the server: a second is refused.
