@@ -136,7 +136,7 @@ func (p *RetryPolicy) Retries(c FailureClass, exitCode *int) bool {
 // wrong types and documents larger than l.MaxRequestBytes are errors. It does
 // not validate values; call Validate for that.
 func DecodeRequest(data []byte, l Limits) (*Request, error) {
-	l = l.withDefaults()
+	l = l.WithDefaults()
 	if len(data) > l.MaxRequestBytes {
 		return nil, &TooLargeError{What: "request", Size: len(data), Limit: l.MaxRequestBytes}
 	}

@@ -27,9 +27,10 @@ type Limits struct {
 }
 
 // DefaultLimits are the limits used when none are configured.
-var DefaultLimits = Limits{}.withDefaults()
+var DefaultLimits = Limits{}.WithDefaults()
 
-func (l Limits) withDefaults() Limits {
+// WithDefaults returns l with every zero limit set to its default.
+func (l Limits) WithDefaults() Limits {
 	def := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
@@ -84,7 +85,7 @@ func ValidPool(s string) bool { return poolRE.MatchString(s) }
 // Validate checks every field of r against the contract and the limits. It
 // accepts a request before or after Normalize.
 func (r *Request) Validate(l Limits) error {
-	l = l.withDefaults()
+	l = l.WithDefaults()
 	var v validator
 
 	if r.ID != "" && !ValidID(r.ID) {

@@ -30,11 +30,16 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/job"
 )
+
+// DefaultHeartbeatInterval is the time between a worker's heartbeats: it
+// is forgotten after three missed, and its leases two intervals later.
+const DefaultHeartbeatInterval = 3 * time.Second
 
 // Store is the fleet's capacity in Redis: one server, a Sentinel-managed
 // master, or a Cluster (see Open).

@@ -9,6 +9,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,16 +27,30 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
+// Defaults of Config, and of the dispatcher's flags.
+const (
+	// DefaultAckWait is the submit stream's consumer's ack wait: how long
+	// a stored submission stays with a dispatcher that took it.
+	DefaultAckWait = 30 * time.Second
+	// DefaultInFlight bounds the submissions processed at once.
+	DefaultInFlight = 512
+)
+
 // Config configures a Dispatcher.
 type Config struct {
-	Queue  queue.Config
+	// Queue describes the streams; its AckWait is the submit consumer's
+	// (DefaultAckWait when zero, not the pools' default).
+	Queue queue.Config
+	// Limits bound requests. Defaults to job.DefaultLimits.
 	Limits job.Limits
-	// InFlight bounds the submissions processed at once. Defaults to 512.
+	// InFlight bounds the submissions processed at once. Defaults to
+	// DefaultInFlight (512).
 	InFlight int
 	// Admission checks a request against the fleet's capacity. Defaults to
 	// accepting every request.
 	Admission Admission
-	Logger    *slog.Logger
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Admission decides whether a pool can ever run a request. An error is a
@@ -46,14 +61,33 @@ type Admission interface {
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
+	c.Queue.AckWait = cmp.Or(c.Queue.AckWait, DefaultAckWait)
 	c.Queue = c.Queue.WithDefaults()
-	if c.InFlight <= 0 {
-		c.InFlight = 512
-	}
+	c.Limits = c.Limits.WithDefaults()
+	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+func (c Config) validate() error {
+	if !queue.ValidPrefix(c.Queue.Prefix) {
+		return fmt.Errorf("subject prefix %q: use 1 to 32 letters, digits, - and _", c.Queue.Prefix)
+	}
+	if c.Queue.Replicas < 1 || c.Queue.Replicas > 5 {
+		return fmt.Errorf("replicas %d: use 1 to 5", c.Queue.Replicas)
+	}
+	if c.InFlight < 1 {
+		return fmt.Errorf("in-flight %d: must be positive", c.InFlight)
+	}
+	if c.Queue.AckWait < time.Second {
+		return fmt.Errorf("ack wait %s: at least a second", c.Queue.AckWait)
+	}
+	if c.Limits.MaxRequestBytes < 1024 {
+		return fmt.Errorf("max request bytes %d: at least 1024", c.Limits.MaxRequestBytes)
+	}
+	return nil
 }
 
 // Dispatcher accepts requests and publishes jobs.
@@ -80,6 +114,9 @@ type Dispatcher struct {
 // New returns a Dispatcher; Start starts it.
 func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("dispatcher config: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)

@@ -4,16 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/natstest"
+	"github.com/fleet-dev/fleet/internal/redistest"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -238,4 +242,256 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 			t.Fatalf("a process exited when a NATS node died:\n%s", p.Output())
 		}
 	}
+}
+
+// TestChaosOnACluster runs the fleet as it runs for real: a three-node
+// cluster with streams of three replicas, two dispatchers started at the
+// same instant, three process workers with capacity in Redis, jobs offered
+// at a steady pace. It runs the jobs once undisturbed, then again while the
+// node leading the jobs stream, then the meta leader, then a third node are
+// killed with SIGKILL and restarted two seconds later. Every job ends with
+// exactly one result, in the stream and as heard by subscribers, none
+// fails or times out because of the failures, the worst submit→result
+// latency stays under 10 s, and the throughput over the run is at least
+// 0.7 times the undisturbed run's.
+func TestChaosOnACluster(t *testing.T) {
+	// Paced for 25 s, so that each kill is ten seconds from the next: a
+	// node killed takes its Raft groups' leadership with it, and their
+	// followers elect another in 4 to 9 s.
+	const (
+		jobs = 3000
+		rate = 120 // jobs per second offered
+	)
+	fleettest.Binary(t, "worker")
+	c := natstest.RunCluster(t, 3)
+	c.WaitReady(t, 30*time.Second)
+	rs := redistest.Start(t)
+	env := []string{"FLEET_NATS_URL=" + c.URLs(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir(),
+		"FLEET_HTTP_ADDR=127.0.0.1:0", "FLEET_HEARTBEAT_INTERVAL=1s"}
+	ds := []*fleettest.Proc{
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3"),
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3"),
+	}
+	for _, d := range ds {
+		d.WaitOutput(t, "dispatcher ready", 30*time.Second)
+	}
+	var workers []*fleettest.Proc
+	for i := range 3 {
+		w := fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("storm-%d", i), "--slots", "16", "--grace", "100ms")
+		w.WaitOutput(t, "worker started", 30*time.Second)
+		workers = append(workers, w)
+	}
+
+	calm := offer(t, c, "calm", jobs, rate, nil)
+	storm := offer(t, c, "storm", jobs, rate, []kill{
+		{at: 3 * time.Second, why: "leader of FLEET_JOBS", pick: func() int { return c.StreamLeader("FLEET_JOBS") }},
+		{at: 12 * time.Second, why: "meta leader", pick: c.MetaLeader},
+		{at: 21 * time.Second, why: "a third node"},
+	})
+	t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
+		calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
+	t.Logf("three nodes killed: %d jobs in %s, %.0f jobs/s (%.2f×), submit→result p50 %s, worst %s; %d attempts lost",
+		storm.jobs, storm.took.Round(time.Millisecond), storm.rate(), storm.rate()/calm.rate(), storm.p50.Round(time.Millisecond),
+		storm.worst.Round(time.Millisecond), storm.lost)
+	if storm.worst > 10*time.Second {
+		t.Errorf("the worst submit→result latency was %s with nodes failing, over 10 s", storm.worst)
+	}
+	if storm.rate() < 0.7*calm.rate() {
+		t.Errorf("%.0f jobs/s with nodes failing, under 0.7 × the %.0f jobs/s of the undisturbed run", storm.rate(), calm.rate())
+	}
+	for _, p := range append(ds, workers...) {
+		if p.Wait(0) {
+			t.Fatalf("a process exited when NATS nodes died:\n%s", p.Output())
+		}
+	}
+}
+
+// kill is a node killed during a run, at a time, picked by pick (nil: a
+// node not killed before in the run).
+type kill struct {
+	at   time.Duration
+	why  string
+	pick func() int
+}
+
+// run is what offer measured.
+type run struct {
+	jobs             int
+	took, p50, worst time.Duration
+	lost             int // attempts lost with a worker or a node
+}
+
+func (r run) rate() float64 { return float64(r.jobs) / r.took.Seconds() }
+
+// offer submits n jobs at rate per second through the seed list, killing
+// nodes as storm says (each restarted two seconds later), and waits for
+// every job to succeed. Two subscribers, on two different nodes, hear the
+// results: every job must be heard, and by no subscriber twice (a node is
+// down at most for a moment, and one at a time). The results stream must
+// hold exactly one result per job.
+func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, storm []kill) run {
+	t.Helper()
+	type ear struct {
+		mu    sync.Mutex
+		count map[string]int
+	}
+	var ears []*ear
+	for i := range 2 {
+		e := &ear{count: map[string]int{}}
+		nc, err := nats.Connect(c.URL(i), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		if _, err := nc.Subscribe("fleet.results."+prefix+".>", func(m *nats.Msg) {
+			e.mu.Lock()
+			e.count[strings.TrimPrefix(m.Subject, "fleet.results.")]++
+			e.mu.Unlock()
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		ears = append(ears, e)
+	}
+	nc := c.Connect(t)
+	cl, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	began := time.Now()
+	down := map[int]bool{} // killed in this run
+	type restart struct {
+		node int
+		at   time.Time
+	}
+	var restarts []restart
+	sent := make([]time.Time, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		if len(restarts) > 0 && time.Now().After(restarts[0].at) {
+			c.Restart(restarts[0].node)
+			restarts = restarts[1:]
+		}
+		if len(storm) > 0 && time.Since(began) > storm[0].at {
+			k := storm[0]
+			storm = storm[1:]
+			victim := -1
+			if k.pick != nil {
+				victim = k.pick()
+			}
+			for j := 0; victim < 0 && j < c.Size(); j++ {
+				if !down[j] {
+					victim = j
+				}
+			}
+			if victim >= 0 && c.Running(victim) {
+				t.Logf("%s: killing %s, %s", time.Since(began).Round(10*time.Millisecond), c.Name(victim), k.why)
+				down[victim] = true
+				c.Kill(victim)
+				restarts = append(restarts, restart{victim, time.Now().Add(2 * time.Second)})
+			} else {
+				t.Errorf("%s: no node to kill for %s", time.Since(began).Round(10*time.Millisecond), k.why)
+			}
+		}
+		id := fmt.Sprintf("%s.%04d", prefix, i)
+		sent[i] = time.Now()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := cl.Submit(ctx, &job.Request{ID: id, Command: []string{"true"}}); err != nil {
+				errs <- fmt.Errorf("submit %s: %w", id, err)
+			}
+		}()
+	}
+	for _, r := range restarts {
+		time.Sleep(time.Until(r.at))
+		c.Restart(r.node)
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+
+	// Every job succeeds.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := run{jobs: n}
+	var lats []time.Duration
+	var last time.Time
+	for i := range n {
+		id := fmt.Sprintf("%s.%04d", prefix, i)
+		res, err := cl.Result(ctx, id)
+		if err != nil {
+			t.Fatalf("result of %s: %v", id, err)
+		}
+		if res.Status != job.StatusSucceeded {
+			t.Errorf("%s: %s (%+v)", id, res.Status, res.Failure)
+		}
+		r.lost += len(res.History)
+		if res.FinishedAt.After(last) {
+			last = res.FinishedAt
+		}
+		lats = append(lats, res.FinishedAt.Sub(sent[i]))
+		if os.Getenv("FLEET_CHAOS_DEBUG") != "" && res.FinishedAt.Sub(sent[i]) > 5*time.Second {
+			st, _ := cl.Status(ctx, id)
+			t.Logf("slow %s: sent %s submitted %s started %s finished %s worker %s handbacks %d",
+				id, sent[i].Sub(began).Round(time.Millisecond), st.Job.SubmittedAt.Sub(began).Round(time.Millisecond),
+				res.StartedAt.Sub(began).Round(time.Millisecond), res.FinishedAt.Sub(began).Round(time.Millisecond), res.WorkerID, st.Job.Handbacks)
+		}
+	}
+	c.WaitReady(t, 30*time.Second)
+	r.took = last.Sub(began)
+	slices.Sort(lats)
+	r.p50, r.worst = lats[len(lats)/2], lats[len(lats)-1]
+
+	// Heard: every job by a subscriber, by none twice.
+	time.Sleep(time.Second)
+	for i := range n {
+		id := fmt.Sprintf("%s.%04d", prefix, i)
+		total := 0
+		for k, e := range ears {
+			e.mu.Lock()
+			got := e.count[id]
+			e.mu.Unlock()
+			if got > 1 {
+				t.Errorf("subscriber %d heard the result of %s %d times", k, id, got)
+			}
+			total += got
+		}
+		if total == 0 {
+			t.Errorf("no subscriber heard the result of %s", id)
+		}
+	}
+	// Stored: one per job.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, "FLEET_RESULTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter("fleet.results."+prefix+".>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := uint64(0)
+	for _, k := range info.State.Subjects {
+		stored += k
+	}
+	if stored != uint64(n) || len(info.State.Subjects) != n {
+		t.Errorf("%d results on %d subjects in the stream for %d jobs", stored, len(info.State.Subjects), n)
+	}
+	return r
 }

@@ -66,6 +66,10 @@ type Outcome struct {
 	StartedAt, FinishedAt time.Time
 }
 
+// DefaultGrace is how long an attempt has to exit after SIGTERM before it
+// is killed, when its executor is not told otherwise.
+const DefaultGrace = 10 * time.Second
+
 // Causes of a cancelled attempt context.
 var (
 	// ErrCancelled: a user cancelled the job.

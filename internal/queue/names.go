@@ -27,6 +27,21 @@ type Names struct {
 // DefaultPrefix is the subject prefix of the contract.
 const DefaultPrefix = "fleet"
 
+// ValidPrefix reports whether p can prefix every name: it becomes a token
+// of the subjects, part of the stream names and of the bucket names, which
+// allow only letters, digits, - and _.
+func ValidPrefix(p string) bool {
+	if p == "" || len(p) > 32 {
+		return false
+	}
+	for _, r := range p {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 func (n Names) prefix() string {
 	if n.Prefix == "" {
 		return DefaultPrefix

@@ -21,9 +21,15 @@ import (
 // Publish sends it again promptly, rather than leaving the work it belongs
 // to for the ack wait.
 
-// tryTimeout bounds one try of a publish: long enough for a quorum write
-// on a busy cluster, short enough that a lost answer costs little.
-const tryTimeout = 3 * time.Second
+// A try of a publish waits for its answer firstTry at first: far longer
+// than a quorum write takes on a busy cluster, and short enough that a
+// publish sent while a stream elects its leader (it gets no answer) is
+// sent again soon after the election, which takes 4 to 9 seconds. Each
+// unanswered try gives the next one half as long again, up to lastTry.
+const (
+	firstTry = time.Second
+	lastTry  = 5 * time.Second
+)
 
 // errUnsettled says that what the fleet reads is not settled yet, and a
 // moment later it will be: a step that meets it is tried again.
@@ -41,24 +47,28 @@ func Ambiguous(err error) bool { return err != nil && classify(err) == transient
 func retrying(ctx context.Context) backoff.BackOff {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(50*time.Millisecond),
-		backoff.WithMaxInterval(2*time.Second),
+		backoff.WithMaxInterval(500*time.Millisecond),
 		backoff.WithMaxElapsedTime(0),
 	)
 	return backoff.WithContext(b, ctx)
 }
 
 // Retry runs op until it succeeds, fails with an error Ambiguous does not
-// accept, or ctx ends. Each try gets its own deadline of tryTimeout (or
-// less, within ctx). onRetry, if not nil, is told of each failure that is
-// tried again. The first try costs nothing more than op: the backoff is
-// set up only when it fails.
+// accept, or ctx ends. Each try gets its own deadline (see firstTry), within
+// ctx's. onRetry, if not nil, is told of each failure that is tried again.
+// The first try costs nothing more than op: the backoff is set up only
+// when it fails.
 func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
+	timeout := firstTry
 	try := func() error {
-		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
+		tctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		err := op(tctx)
 		if err != nil && (!Ambiguous(err) || ctx.Err() != nil) {
 			return backoff.Permanent(err)
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			timeout = min(timeout*3/2, lastTry)
 		}
 		return err
 	}

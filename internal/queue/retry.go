@@ -70,7 +70,8 @@ func classify(err error) kind {
 	case errors.As(err, &apiErr):
 		switch apiErr.ErrorCode {
 		case 10008, // JetStream system temporarily unavailable: no meta leader
-			10009: // the server that got the request is not the leader
+			10009, // the server that got the request is not the leader
+			10158: // a copy of this message is being stored: it will be, or not
 			return transient
 		case 10005, // no suitable peers for placement
 			10023: // insufficient resources

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -10,58 +11,59 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Defaults of Config, and of the commands' flags.
+const (
+	DefaultReplicas        = 1
+	DefaultRetention       = 7 * 24 * time.Hour
+	DefaultDLQRetention    = 30 * 24 * time.Hour
+	DefaultDuplicateWindow = 2 * time.Minute
+	// DefaultAckWait is short, so that a job whose delivery was lost (with
+	// the NATS node that carried it) runs within seconds; a running
+	// attempt tells JetStream it is alive every third of it.
+	DefaultAckWait       = 5 * time.Second
+	DefaultMaxDeliver    = 300
+	DefaultMaxAckPending = 20000
+)
+
 // Config describes the streams and consumers the fleet creates.
 type Config struct {
 	Names
-	// Replicas of every stream. Defaults to 1; use 3 on a cluster.
+	// Replicas of every stream. Defaults to DefaultReplicas (1); use 3 on
+	// a cluster.
 	Replicas int
 	// MemoryStorage keeps streams in memory instead of files (tests).
 	MemoryStorage bool
 	// Retention is how long events, results and job states are kept.
-	// Defaults to 7 days.
+	// Defaults to DefaultRetention (7 days).
 	Retention time.Duration
-	// DLQRetention is how long dead letters are kept. Defaults to 30 days.
+	// DLQRetention is how long dead letters are kept. Defaults to
+	// DefaultDLQRetention (30 days).
 	DLQRetention time.Duration
 	// DuplicateWindow is how long JetStream remembers message ids for
-	// de-duplication. Defaults to 2 minutes.
+	// de-duplication. Defaults to DefaultDuplicateWindow (2 minutes).
 	DuplicateWindow time.Duration
-	// AckWait is how long a pool's consumer waits for a worker's ack or
-	// progress before redelivering. Defaults to 30 seconds.
+	// AckWait is how long a consumer waits for an ack or progress before
+	// delivering a message again. Defaults to DefaultAckWait (5 seconds).
 	AckWait time.Duration
 	// MaxDeliver is a safety net above the largest max_attempts (deliveries
-	// handed back by draining workers count too). Defaults to 300.
+	// handed back by draining workers count too). Defaults to
+	// DefaultMaxDeliver (300).
 	MaxDeliver int
 	// MaxAckPending bounds the unacknowledged messages of one pool.
-	// Defaults to 20000.
+	// Defaults to DefaultMaxAckPending (20000).
 	MaxAckPending int
 }
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.DLQRetention == 0 {
-		c.DLQRetention = 30 * 24 * time.Hour
-	}
-	if c.DuplicateWindow == 0 {
-		c.DuplicateWindow = 2 * time.Minute
-	}
-	if c.AckWait == 0 {
-		c.AckWait = 30 * time.Second
-	}
-	if c.MaxDeliver == 0 {
-		c.MaxDeliver = 300
-	}
-	if c.MaxAckPending == 0 {
-		c.MaxAckPending = 20000
-	}
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.Replicas = cmp.Or(c.Replicas, DefaultReplicas)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.DLQRetention = cmp.Or(c.DLQRetention, DefaultDLQRetention)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
+	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.MaxDeliver = cmp.Or(c.MaxDeliver, DefaultMaxDeliver)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, DefaultMaxAckPending)
 	return c
 }
 

@@ -50,6 +50,25 @@ type attempt struct {
 	logMu sync.Mutex
 	logs  int
 	hbSeq int
+
+	releaseLease func() // gives the attempt's capacity lease back; nil without one
+	slotFreed    bool
+}
+
+// freeSlot gives the delivery's slot and capacity lease back to the worker,
+// once: as soon as the executor is done with the attempt, so that what is
+// left to settle (writes that may wait for a NATS election) does not hold
+// the worker's capacity.
+func (a *attempt) freeSlot() {
+	if a.slotFreed {
+		return
+	}
+	a.slotFreed = true
+	if a.releaseLease != nil {
+		a.releaseLease()
+	}
+	a.w.slots.release(1)
+	a.w.ended.fire()
 }
 
 // laterDelay is how long a job waits when the fleet could not read or
@@ -64,9 +83,8 @@ var errSuperseded = errors.New("a later attempt took the job over")
 // acknowledged, handed back, scheduled again, or left for redelivery.
 func (w *Worker) handle(msg jetstream.Msg) {
 	defer w.attempts.Done()
-	defer w.ended.fire()
-	defer w.slots.release(1)
 	a := &attempt{w: w, msg: msg, log: w.log}
+	defer a.freeSlot()
 	if err := a.handle(); err != nil {
 		a.log.Error("job handling failed; it will be redelivered", "err", err)
 	}
@@ -213,12 +231,12 @@ func (a *attempt) run(ctx context.Context, act action) error {
 		var once sync.Once
 		var rerr error
 		reserved = func() error { once.Do(func() { rerr = <-done }); return rerr }
-		defer func() {
+		a.releaseLease = sync.OnceFunc(func() {
 			_ = reserved()
 			if err := c.Release(context.WithoutCancel(ctx), res); err != nil {
 				a.log.Warn("capacity release failed", "err", err)
 			}
-		}()
+		})
 	}
 
 	// Record the attempt as running before it starts: the compare-and-set
@@ -267,6 +285,7 @@ func (a *attempt) run(ctx context.Context, act action) error {
 	stopProgress := a.progress()
 	out, err := w.exec.Run(a.ctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
 	stopProgress()
+	a.freeSlot()
 
 	if err != nil {
 		f, ok := err.(*job.Failure)

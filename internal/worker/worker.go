@@ -29,6 +29,15 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
+// Defaults of Config, and of the worker's flags.
+const (
+	DefaultFetchWait    = 2 * time.Second
+	DefaultMaxLogEvents = 1000
+	// DefaultDrainTimeout is how long a stopping worker lets running
+	// attempts finish before it hands their jobs back.
+	DefaultDrainTimeout = time.Minute
+)
+
 // Config configures a Worker.
 type Config struct {
 	// ID names the worker in events, results and heartbeats. It should stay
@@ -47,12 +56,13 @@ type Config struct {
 	Limits job.Limits
 	// FetchWait is how long one pull request waits for messages, and so
 	// how long a stopping worker waits for its open requests.
-	// Defaults to 2 seconds.
+	// Defaults to DefaultFetchWait (2 seconds).
 	FetchWait time.Duration
 	// Progress is how often a running attempt tells JetStream it is alive
 	// and publishes a heartbeat event. Defaults to a third of the ack wait.
 	Progress time.Duration
-	// MaxLogEvents bounds the log events of one attempt. Defaults to 1000.
+	// MaxLogEvents bounds the log events of one attempt. Defaults to
+	// DefaultMaxLogEvents (1000).
 	MaxLogEvents int
 	// Capacity, when set, accounts slots and resources outside the worker
 	// (see package capacity). Defaults to local accounting only.
@@ -113,14 +123,15 @@ func (c Config) WithDefaults() Config {
 		c.Slots = runtime.NumCPU()
 	}
 	c.Queue = c.Queue.WithDefaults()
+	c.Limits = c.Limits.WithDefaults()
 	if c.FetchWait <= 0 {
-		c.FetchWait = 2 * time.Second
+		c.FetchWait = DefaultFetchWait
 	}
 	if c.Progress <= 0 {
 		c.Progress = c.Queue.AckWait / 3
 	}
 	if c.MaxLogEvents <= 0 {
-		c.MaxLogEvents = 1000
+		c.MaxLogEvents = DefaultMaxLogEvents
 	}
 	if c.Retry == nil {
 		c.Retry = BackoffDelay
@@ -134,6 +145,12 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	if !job.ValidPool(c.Pool) {
 		return fmt.Errorf("pool %q must be 1 to 64 characters of [A-Za-z0-9_-]", c.Pool)
+	}
+	if !queue.ValidPrefix(c.Queue.Prefix) {
+		return fmt.Errorf("subject prefix %q: use 1 to 32 letters, digits, - and _", c.Queue.Prefix)
+	}
+	if c.Queue.AckWait < time.Second {
+		return fmt.Errorf("ack wait %s: at least a second", c.Queue.AckWait)
 	}
 	if c.ID == "" || len(c.ID) > 128 {
 		return errors.New("worker id must be 1 to 128 characters")

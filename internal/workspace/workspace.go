@@ -25,17 +25,21 @@ const (
 	ContainerWork    = "/fleet/work"
 )
 
+// DefaultMaxOutputBytes bounds all outputs of one attempt together, when
+// no limit is given.
+const DefaultMaxOutputBytes = 512 << 10
+
 // Limits bound the outputs read back into a result, which must fit in one
 // NATS message.
 type Limits struct {
 	// MaxOutputBytes bounds all outputs of one attempt together.
-	// Defaults to 512 KiB.
+	// Defaults to DefaultMaxOutputBytes (512 KiB).
 	MaxOutputBytes int64
 }
 
 func (l Limits) max() int64 {
 	if l.MaxOutputBytes <= 0 {
-		return 512 << 10
+		return DefaultMaxOutputBytes
 	}
 	return l.MaxOutputBytes
 }

@@ -96,7 +96,7 @@ var (
 // New returns a Ledger; Start starts its heartbeat.
 func New(s *capacity.Store, cfg Config) *Ledger {
 	if cfg.Interval <= 0 {
-		cfg.Interval = 3 * time.Second
+		cfg.Interval = capacity.DefaultHeartbeatInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -42,7 +42,7 @@ type ReaperConfig struct {
 
 // NewReaper returns a Reaper; Start starts it.
 func NewReaper(s *capacity.Store, cfg ReaperConfig) *Reaper {
-	cfg.Interval = cmp.Or(cfg.Interval, 3*time.Second)
+	cfg.Interval = cmp.Or(cfg.Interval, capacity.DefaultHeartbeatInterval)
 	cfg.Every = cmp.Or(cfg.Every, 500*time.Millisecond)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -80,7 +80,7 @@ type Config struct {
 	// and requests for GPUs are refused.
 	GPUs int
 	// Grace is how long a container has to exit after SIGTERM before it is
-	// killed. Defaults to 10 seconds.
+	// killed. Defaults to executor.DefaultGrace (10 seconds).
 	Grace time.Duration
 	// KeepFailed keeps the container and the workspace of attempts that
 	// did not succeed, for debugging, until the worker starts again.
@@ -115,7 +115,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.PidsLimit = 1024
 	}
 	if c.Grace <= 0 {
-		c.Grace = 10 * time.Second
+		c.Grace = executor.DefaultGrace
 	}
 	if c.APITimeout <= 0 {
 		c.APITimeout = 2 * time.Minute

@@ -111,16 +111,25 @@ type Config struct {
 	Logger      *slog.Logger
 }
 
+// Defaults of Config, and of the worker's flags.
+const (
+	DefaultCPULimitRatio    = 2.0
+	DefaultMemoryLimitRatio = 1.5
+	DefaultImagePullWait    = 2 * time.Minute
+	DefaultPendingWait      = 5 * time.Minute
+	DefaultTTLAfterFinished = 10 * time.Minute
+)
+
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
-	c.CPULimitRatio = cmp.Or(c.CPULimitRatio, 2)
-	c.MemoryLimitRatio = cmp.Or(c.MemoryLimitRatio, 1.5)
+	c.CPULimitRatio = cmp.Or(c.CPULimitRatio, DefaultCPULimitRatio)
+	c.MemoryLimitRatio = cmp.Or(c.MemoryLimitRatio, DefaultMemoryLimitRatio)
 	c.GPUResource = cmp.Or(c.GPUResource, "nvidia.com/gpu")
-	c.ImagePullWait = cmp.Or(c.ImagePullWait, 2*time.Minute)
-	c.PendingWait = cmp.Or(c.PendingWait, 5*time.Minute)
+	c.ImagePullWait = cmp.Or(c.ImagePullWait, DefaultImagePullWait)
+	c.PendingWait = cmp.Or(c.PendingWait, DefaultPendingWait)
 	c.DeadlineSlack = cmp.Or(c.DeadlineSlack, 30*time.Second)
-	c.Grace = cmp.Or(c.Grace, 10*time.Second)
-	c.TTLAfterFinished = cmp.Or(c.TTLAfterFinished, 10*time.Minute)
+	c.Grace = cmp.Or(c.Grace, executor.DefaultGrace)
+	c.TTLAfterFinished = cmp.Or(c.TTLAfterFinished, DefaultTTLAfterFinished)
 	c.RunAsUser = cmp.Or(c.RunAsUser, 65532)
 	c.SyncTimeout = cmp.Or(c.SyncTimeout, 30*time.Second)
 	if c.Logger == nil {

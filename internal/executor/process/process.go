@@ -37,7 +37,7 @@ type Config struct {
 	// system's temporary directory.
 	Dir string
 	// Grace is how long a process has to exit after SIGTERM before it is
-	// killed. Defaults to 10 seconds.
+	// killed. Defaults to executor.DefaultGrace (10 seconds).
 	Grace time.Duration
 	// KeepFailed keeps the workspace of attempts that did not succeed.
 	KeepFailed bool
@@ -69,7 +69,7 @@ func New(cfg Config) (*Executor, error) {
 		cfg.Dir = filepath.Join(os.TempDir(), "fleet-attempts")
 	}
 	if cfg.Grace <= 0 {
-		cfg.Grace = 10 * time.Second
+		cfg.Grace = executor.DefaultGrace
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("attempts folder: %w", err)
