@@ -25,10 +25,11 @@ import (
 // than a quorum write takes on a busy cluster, and short enough that a
 // publish sent while a stream elects its leader (it gets no answer) is
 // sent again soon after the election, which takes 4 to 9 seconds. Each
-// unanswered try gives the next one half as long again, up to lastTry.
+// unanswered try gives the next one half as long again, up to lastTry: a
+// longer wait would let an election end unnoticed.
 const (
 	firstTry = time.Second
-	lastTry  = 5 * time.Second
+	lastTry  = 1500 * time.Millisecond
 )
 
 // errUnsettled says that what the fleet reads is not settled yet, and a
@@ -47,7 +48,7 @@ func Ambiguous(err error) bool { return err != nil && classify(err) == transient
 func retrying(ctx context.Context) backoff.BackOff {
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(50*time.Millisecond),
-		backoff.WithMaxInterval(500*time.Millisecond),
+		backoff.WithMaxInterval(250*time.Millisecond),
 		backoff.WithMaxElapsedTime(0),
 	)
 	return backoff.WithContext(b, ctx)

@@ -31,7 +31,7 @@ import (
 
 // Defaults of Config, and of the worker's flags.
 const (
-	DefaultFetchWait    = 2 * time.Second
+	DefaultFetchWait    = time.Second
 	DefaultMaxLogEvents = 1000
 	// DefaultDrainTimeout is how long a stopping worker lets running
 	// attempts finish before it hands their jobs back.
