@@ -66,6 +66,7 @@ type Dispatcher struct {
 	m     metrics
 
 	replies *replies
+	lag     *lag
 	core    *nats.Subscription
 	cancels *nats.Subscription
 	intake  jetstream.MessagesContext
@@ -87,6 +88,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		log:   cfg.Logger.With("component", "dispatcher"),
 		sema:  make(chan struct{}, cfg.InFlight),
 		ready: make(chan struct{}),
+		lag:   &lag{pending: map[string]uint64{}, inFlight: map[string]int{}},
 	}
 	d.m = newMetrics(telemetry.Meter())
 	d.replies = newReplies(nc)
