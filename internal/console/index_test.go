@@ -46,7 +46,7 @@ func TestIndexFollowsAJobThroughItsStates(t *testing.T) {
 	rec.State, rec.FinishedAt, rec.ExitCode = job.StateFailed, ptrTime(now), &code
 	rec.Failure = &job.Failure{Class: job.ClassExecution, Code: job.CodeExitCode, Message: "exit status 3"}
 	put(t, ix, rec, 3)
-	put(t, ix, rec, 3) // a replay of the same revision counts nothing twice
+	put(t, ix, rec, 3)                                                                                       // a replay of the same revision counts nothing twice
 	put(t, ix, &job.Record{ID: "j1", Pool: "gpu", State: job.StateRunning, SubmittedAt: rec.SubmittedAt}, 2) // older: ignored
 	st = ix.Stats(now)
 	if st[1].ByState[job.StateFailed] != 1 || st[1].ByState[job.StateRunning] != 0 || st[1].Failed != 1 || st[1].Started != 1 || st[0].Failed != 1 {
