@@ -29,13 +29,13 @@ func TestIndexFollowsAJobThroughItsStates(t *testing.T) {
 		UpdatedAt: now, Labels: map[string]string{"team": "ml"}}
 	put(t, ix, rec, 1)
 	st := ix.Stats(now)
-	if len(st) != 2 || st[1].Pool != "gpu" || st[1].ByState[job.StateQueued] != 1 || !st[1].OldestQueued.Equal(rec.SubmittedAt.Truncate(0)) {
+	if len(st) != 2 || st[1].Pool != "gpu" || st[1].ByState[string(job.StateQueued)] != 1 || !st[1].OldestQueued.Equal(rec.SubmittedAt.Truncate(0)) {
 		t.Fatalf("after queued: %+v", st)
 	}
 	rec.State, rec.Attempt, rec.WorkerID, rec.StartedAt = job.StateRunning, 1, "w1", ptrTime(now)
 	put(t, ix, rec, 2)
 	st = ix.Stats(now)
-	if st[1].ByState[job.StateQueued] != 0 || st[1].ByState[job.StateRunning] != 1 || !st[1].OldestQueued.IsZero() || st[1].Started != 1 {
+	if st[1].ByState[string(job.StateQueued)] != 0 || st[1].ByState[string(job.StateRunning)] != 1 || !st[1].OldestQueued.IsZero() || st[1].Started != 1 {
 		t.Fatalf("after running: %+v", st[1])
 	}
 	// Three seconds waiting: in the bucket up to 4.096 s.
@@ -49,7 +49,7 @@ func TestIndexFollowsAJobThroughItsStates(t *testing.T) {
 	put(t, ix, rec, 3)                                                                                       // a replay of the same revision counts nothing twice
 	put(t, ix, &job.Record{ID: "j1", Pool: "gpu", State: job.StateRunning, SubmittedAt: rec.SubmittedAt}, 2) // older: ignored
 	st = ix.Stats(now)
-	if st[1].ByState[job.StateFailed] != 1 || st[1].ByState[job.StateRunning] != 0 || st[1].Failed != 1 || st[1].Started != 1 || st[0].Failed != 1 {
+	if st[1].ByState[string(job.StateFailed)] != 1 || st[1].ByState[string(job.StateRunning)] != 0 || st[1].Failed != 1 || st[1].Started != 1 || st[0].Failed != 1 {
 		t.Fatalf("after failed: %+v", st)
 	}
 	row, rev, ok := ix.Job("j1")
@@ -57,7 +57,7 @@ func TestIndexFollowsAJobThroughItsStates(t *testing.T) {
 		t.Fatalf("row: %+v rev %d", row, rev)
 	}
 	ix.Delete("j1")
-	if ix.Len() != 0 || ix.Stats(now)[0].ByState[job.StateFailed] != 0 {
+	if ix.Len() != 0 || ix.Stats(now)[0].ByState[string(job.StateFailed)] != 0 {
 		t.Errorf("a deleted job is still counted")
 	}
 }
@@ -157,8 +157,8 @@ func TestIndexReplayForgetsDeletedJobsAndSweepExpires(t *testing.T) {
 	if n := ix.Sweep(now); n != 1 || ix.Has("c") {
 		t.Errorf("sweep dropped %d; c kept: %v", n, ix.Has("c"))
 	}
-	if st := ix.Stats(now); st[0].ByState[job.StateQueued] != 1 {
-		t.Errorf("queued after the sweep: %d", st[0].ByState[job.StateQueued])
+	if st := ix.Stats(now); st[0].ByState[string(job.StateQueued)] != 1 {
+		t.Errorf("queued after the sweep: %d", st[0].ByState[string(job.StateQueued)])
 	}
 }
 

@@ -139,7 +139,7 @@ func bucketUpper(i int) time.Duration {
 type PoolStats struct {
 	Pool string
 	// ByState counts the retained jobs in each state.
-	ByState map[job.State]int
+	ByState map[string]int
 	// OldestQueued is when the oldest queued job was submitted (zero if
 	// none is queued).
 	OldestQueued time.Time
@@ -167,7 +167,7 @@ func (ix *Index) Stats(now time.Time) []PoolStats {
 	ix.mu.Lock() // the oldest queued job may need looking up
 	defer ix.mu.Unlock()
 	first := hourAgo(now)
-	all := PoolStats{ByState: map[job.State]int{}, Minutes: make([]MinuteStats, 60)}
+	all := PoolStats{ByState: map[string]int{}, Minutes: make([]MinuteStats, 60)}
 	var allHist [latencyBuckets]uint64
 	names := make([]string, 0, len(ix.pools))
 	for name := range ix.pools {
@@ -180,10 +180,10 @@ func (ix *Index) Stats(now time.Time) []PoolStats {
 		if p.total() == 0 {
 			continue
 		}
-		ps := PoolStats{Pool: name, ByState: map[job.State]int{}, Minutes: make([]MinuteStats, 60)}
+		ps := PoolStats{Pool: name, ByState: map[string]int{}, Minutes: make([]MinuteStats, 60)}
 		for i, s := range states {
-			ps.ByState[s] = p.byState[i]
-			all.ByState[s] += p.byState[i]
+			ps.ByState[string(s)] = p.byState[i]
+			all.ByState[string(s)] += p.byState[i]
 		}
 		if o := ix.oldestQueued(p); o != nil {
 			ps.OldestQueued = time.Unix(0, o.submitted)

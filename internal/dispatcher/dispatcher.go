@@ -181,6 +181,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	}
 }
 
+// JetStream returns the dispatcher's JetStream context, for the console.
+func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
+
 // Store returns the job-state store, for the HTTP API and the reaper.
 func (d *Dispatcher) Store() *queue.Store { return d.store }
 

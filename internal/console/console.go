@@ -1,0 +1,249 @@
+// Package console is the fleet's web console, served by the dispatcher on
+// its HTTP address under /ui/: an overview of the pools, the jobs with
+// filters, each job's detail with its live log, the workers, and the dead
+// letters, every page kept live over server-sent events.
+//
+// Everything a page counts comes from memory: an index of the jobs bucket
+// (see Index), fed by a watch of the bucket that replays every record when
+// it starts and then follows every write, so that every dispatcher shows
+// the same; the live workers, read from Redis once a second whatever the
+// number of open consoles; and the dead letters, followed on their stream.
+// A job's events, result and request are read when its page is open.
+//
+// Pages, templates and assets are embedded in the binary. Pages carry no
+// inline script and a strict Content-Security-Policy; every action is a
+// form POST with a CSRF token; see auth.go for who may see what.
+package console
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// QueueLag is a pool's consumer lag.
+type QueueLag struct {
+	Pending  uint64
+	InFlight int
+}
+
+// Config configures a Console.
+type Config struct {
+	JS    jetstream.JetStream
+	Queue queue.Config
+	// Capacity reads the workers' heartbeats and the lost workers.
+	// Optional: without it the workers page says capacity is off.
+	Capacity *capacity.Store
+	// Cancel cancels a job (the dispatcher's Cancel).
+	Cancel func(ctx context.Context, id string) (*job.CancelReply, error)
+	// Submit submits a request document (the dispatcher's Submit), for
+	// retries of dead letters.
+	Submit func(ctx context.Context, data []byte) (*job.SubmitReply, error)
+	// Lag returns each pool's consumer lag. Optional.
+	Lag func() map[string]QueueLag
+	// Auth decides who may use the console; nil leaves it open, which the
+	// dispatcher allows only on loopback.
+	Auth Auth
+	// AnyHost lets an open console (no Auth) answer requests for any host
+	// name, not only loopback ones (the dispatcher's --insecure-http).
+	AnyHost bool
+	// ReadOnly hides and refuses cancel and retry.
+	ReadOnly bool
+	// TraceURL links trace ids: {trace_id} is replaced by the id.
+	TraceURL string
+	// MaxJobs bounds the jobs the index keeps. Defaults to 500,000.
+	MaxJobs int
+	// WorkersEvery is how often the live workers are read. Defaults to
+	// half a second.
+	WorkersEvery time.Duration
+	// HeartbeatInterval is the workers' heartbeat interval, to tell how
+	// long a silent worker stays listed. Defaults to 3 seconds.
+	HeartbeatInterval time.Duration
+	Version           string
+	Logger            *slog.Logger
+}
+
+// Console serves the web console. Start it before serving.
+type Console struct {
+	cfg   Config
+	names queue.Names
+	log   *slog.Logger
+	index *Index
+	store *queue.Store
+	work  *workers
+	dead  *deadLetters
+	mux   *http.ServeMux
+	pages *pages
+	m     consoleMetrics
+
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// New returns a Console; Start starts following the fleet.
+func New(cfg Config) (*Console, error) {
+	if cfg.JS == nil {
+		return nil, errors.New("console: no JetStream")
+	}
+	cfg.Queue = cfg.Queue.WithDefaults()
+	cfg.MaxJobs = cmp.Or(cfg.MaxJobs, 500_000)
+	cfg.WorkersEvery = cmp.Or(cfg.WorkersEvery, 500*time.Millisecond)
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 3*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p, err := loadPages()
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger.With("component", "console"),
+		index: NewIndex(cfg.Queue.Retention, cfg.MaxJobs), pages: p}
+	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
+	c.dead = &deadLetters{max: 5000}
+	c.m = newConsoleMetrics(c)
+	c.routes()
+	return c, nil
+}
+
+// Index returns the console's index of jobs.
+func (c *Console) Index() *Index { return c.index }
+
+// Start opens the jobs bucket and starts following it, the workers and
+// the dead letters. It does not wait for the index to be complete: pages
+// say so until it is.
+func (c *Console) Start(ctx context.Context) error {
+	store, err := queue.NewStore(ctx, c.cfg.JS, c.names)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	c.store = store
+	kv, err := c.cfg.JS.KeyValue(ctx, c.names.Bucket())
+	if err != nil {
+		return fmt.Errorf("console: open bucket %s: %w", c.names.Bucket(), err)
+	}
+	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.stop = cancel
+	c.wg.Add(4)
+	go func() { defer c.wg.Done(); c.follow(run, kv) }()
+	go func() { defer c.wg.Done(); c.sweep(run) }()
+	go func() { defer c.wg.Done(); c.work.run(run) }()
+	go func() { defer c.wg.Done(); c.followDeadLetters(run) }()
+	return nil
+}
+
+// Stop stops following the fleet; open pages' streams end.
+func (c *Console) Stop(ctx context.Context) error {
+	if c.stop != nil {
+		c.stop()
+	}
+	c.m.unregister()
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop console: %w", ctx.Err())
+	}
+}
+
+// follow feeds the index from a watch of the jobs bucket: every key's
+// latest record first, then every write. When the watch ends (NATS went
+// away), it starts again and the replay corrects the index.
+func (c *Console) follow(ctx context.Context, kv jetstream.KeyValue) {
+	for ctx.Err() == nil {
+		if err := c.watch(ctx, kv); err != nil && ctx.Err() == nil {
+			c.log.Warn("watching the jobs bucket; starting again", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (c *Console) watch(ctx context.Context, kv jetstream.KeyValue) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	c.index.BeginReplay()
+	started, bad := time.Now(), 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("the watch ended")
+			}
+			if e == nil {
+				c.index.EndReplay()
+				c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
+				continue
+			}
+			switch e.Operation() {
+			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+				c.index.Delete(e.Key())
+			default:
+				if err := c.index.Apply(e.Key(), e.Value(), e.Revision()); err != nil && bad < 10 {
+					bad++
+					c.log.Warn("a job record the console cannot read", "job_id", e.Key(), "err", err)
+				}
+			}
+		}
+	}
+}
+
+// sweep forgets expired jobs once a minute.
+func (c *Console) sweep(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			c.index.Sweep(now)
+		}
+	}
+}
+
+type consoleMetrics struct {
+	streams    metric.Int64UpDownCounter
+	actions    metric.Int64Counter
+	unregister func()
+}
+
+func newConsoleMetrics(c *Console) consoleMetrics {
+	m := telemetry.Meter()
+	var x consoleMetrics
+	x.streams, _ = m.Int64UpDownCounter("fleet.console.streams", metric.WithDescription("Console pages open with a live stream"))
+	x.actions, _ = m.Int64Counter("fleet.console.actions", metric.WithDescription("Cancels and retries asked from the console, by action"))
+	jobs, _ := m.Int64ObservableGauge("fleet.console.index.jobs", metric.WithDescription("Jobs in the console's index"))
+	applied, _ := m.Int64ObservableCounter("fleet.console.index.updates", metric.WithDescription("Job records the console's index has applied"))
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(jobs, int64(c.index.Len()))
+		o.ObserveInt64(applied, int64(c.index.applied.Load()))
+		return nil
+	}, jobs, applied)
+	x.unregister = func() {}
+	if err == nil {
+		x.unregister = func() { _ = reg.Unregister() }
+	}
+	return x
+}
