@@ -24,6 +24,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/redistest"
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
@@ -51,7 +52,14 @@ func startSite(t *testing.T, o siteOptions) *site {
 	t.Helper()
 	s := &site{f: fleettest.Start(t), workDir: t.TempDir()}
 	d := s.f.Dispatcher
-	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit, ReadOnly: o.readOnly,
+	lag := func() map[string]console.QueueLag {
+		out := map[string]console.QueueLag{}
+		for pool, l := range d.Lag() {
+			out[pool] = console.QueueLag{Pending: l.Pending, InFlight: l.InFlight}
+		}
+		return out
+	}
+	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit, Lag: lag, ReadOnly: o.readOnly,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
 	if o.redisURL != "" {
@@ -513,5 +521,46 @@ func TestConsoleReadOnlyOffersAndAcceptsNoAction(t *testing.T) {
 	}
 	if s.c.Index().Has(job.RetryID(dead, 1)) {
 		t.Error("a read-only console retried a dead letter")
+	}
+}
+
+// TestConsoleWorkersPageLosesAKilledWorker: a worker process SIGKILLed
+// leaves the workers page within its heartbeat TTL (and the console's
+// refresh), and shows among the recently lost with the job it held.
+func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
+	const interval = 500 * time.Millisecond
+	ttl := 3 * interval
+	rs := redistest.Start(t)
+	s := startSite(t, siteOptions{redisURL: rs.URL(), interval: interval})
+	env := []string{"FLEET_NATS_URL=" + s.f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
+	w := fleettest.StartProc(t, "worker", env, "--id", "doomed-worker", "--slots", "2", "--heartbeat-interval", interval.String())
+	w.WaitOutput(t, "worker started", 30*time.Second)
+	id := s.f.Submit(t, &job.Request{ID: "held-by-doomed", Command: []string{"sleep", "30"}})
+
+	b := newBrowser(t)
+	b.open(t, s.url("/ui/workers"))
+	row := "#worker-doomed-worker"
+	waitFor(t, "the worker on the page", 10*time.Second, func() bool { return b.exists(t, row) })
+	waitFor(t, "its job on the page", 10*time.Second, func() bool { return strings.Contains(b.text(t, row), id) })
+	b.open(t, s.url("/ui/"))
+	waitFor(t, "the pool's slots on the overview", 5*time.Second, func() bool {
+		return strings.Contains(b.text(t, `tr[data-pool="default"]`), "1 / 2")
+	})
+	b.open(t, s.url("/ui/workers"))
+	w.Kill()
+	killed := time.Now()
+	waitFor(t, "the worker to leave the page", ttl+2*time.Second, func() bool { return !b.exists(t, row) })
+	gone := time.Since(killed)
+	t.Logf("the killed worker left the page %s after the kill (heartbeat TTL %s)", gone.Round(10*time.Millisecond), ttl)
+	if gone > ttl+time.Second {
+		t.Errorf("the killed worker left the page %s after the kill: more than its TTL %s and the console's refresh", gone, ttl)
+	}
+	lost := `tr[data-lost="doomed-worker"]`
+	waitFor(t, "the worker among the recently lost", 10*time.Second, func() bool { return b.exists(t, lost) })
+	if !strings.Contains(b.text(t, lost), id) {
+		t.Errorf("the lost worker's row does not name the job it held: %q", b.text(t, lost))
+	}
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("errors: %v", errs)
 	}
 }

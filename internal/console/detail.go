@@ -132,7 +132,32 @@ type timeline struct {
 	logs    []*job.Event // the last maxLog log lines
 	dropped int          // log lines before those
 	version uint64
+	seq     uint64 // the stream sequence of the last event read
 	err     error
+}
+
+func (tl *timeline) addMsg(m jetstream.Msg) {
+	if meta, err := m.Metadata(); err == nil {
+		tl.mu.Lock()
+		tl.seq = meta.Sequence.Stream
+		tl.mu.Unlock()
+	}
+	if e, err := job.DecodeEvent(m.Data()); err == nil {
+		tl.add(e)
+	}
+}
+
+func (tl *timeline) last() uint64 {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return tl.seq
+}
+
+func (tl *timeline) fail(err error) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.err = err
+	tl.version++
 }
 
 const (
@@ -161,35 +186,35 @@ func (tl *timeline) snapshot() (events, logs []*job.Event, dropped int, version 
 	return slices.Clone(tl.events), slices.Clone(tl.logs), tl.dropped, tl.version
 }
 
-// follow reads a job's events from the first until ctx ends or, with
-// untilEnd, until the job's last event.
-func (c *Console) followEvents(ctx context.Context, id string, tl *timeline, untilEnd bool) {
-	cons, err := c.cfg.JS.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.names.Events(id)}})
+// followEvents reads a job's events after those tl holds, as they come,
+// until ctx ends.
+func (c *Console) followEvents(ctx context.Context, id string, tl *timeline) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{c.names.Events(id)}}
+	if seq := tl.last(); seq > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq+1
+	}
+	cons, err := c.cfg.JS.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
 	if err != nil {
-		tl.mu.Lock()
-		tl.err = err
-		tl.mu.Unlock()
+		tl.fail(err)
 		return
 	}
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+	msgs, err := cons.Messages()
+	if err != nil {
+		tl.fail(err)
+		return
+	}
+	defer msgs.Stop()
+	stop := context.AfterFunc(ctx, msgs.Stop)
+	defer stop()
+	for {
+		m, err := msgs.Next()
 		if err != nil {
-			if errors.Is(err, context.Canceled) {
-				return
+			if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				tl.fail(err)
 			}
-			continue
+			return
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			if e, err := job.DecodeEvent(m.Data()); err == nil {
-				tl.add(e)
-			}
-		}
-		if got == 0 && untilEnd {
-			return // read everything there is now
-		}
+		tl.addMsg(m)
 	}
 }
 
@@ -214,9 +239,7 @@ func (c *Console) readEvents(ctx context.Context, id string) *timeline {
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			if e, err := job.DecodeEvent(m.Data()); err == nil {
-				tl.add(e)
-			}
+			tl.addMsg(m)
 		}
 		if got == 0 {
 			return tl

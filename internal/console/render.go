@@ -223,6 +223,9 @@ func axes(b *strings.Builder, maxV float64, unit string, minutes []MinuteStats) 
 }
 
 func axisLabel(v float64, unit string) string {
+	if v == 0 {
+		return "0"
+	}
 	if unit == "ms" {
 		return short(time.Duration(v * float64(time.Millisecond)))
 	}

@@ -50,8 +50,8 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		changed = func() uint64 { return c.dead.versionOf() + c.index.Version() }
 	case "job":
 		id := q.Get("id")
-		tl := &timeline{}
-		go c.followEvents(ctx, id, tl, false)
+		tl := c.readEvents(ctx, id)
+		go c.followEvents(ctx, id, tl)
 		// The request does not change: read once, drawn on every update.
 		var req *RequestView
 		var fromDLQ, read bool
