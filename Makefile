@@ -40,6 +40,10 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/
 	./scripts/bench.sh
 
+## bench-console: the no-op throughput with the console on (two pages open) and off, side by side
+bench-console: build
+	./scripts/bench-console.sh
+
 ## screenshots: the README's pictures of the console (docs/console-*.png), from a fleet in the test, through headless Chromium
 screenshots:
 	FLEET_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleScreenshots$$' ./internal/console/

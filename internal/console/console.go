@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,14 +131,10 @@ func (c *Console) Start(ctx context.Context) error {
 		return fmt.Errorf("console: %w", err)
 	}
 	c.store = store
-	kv, err := c.cfg.JS.KeyValue(ctx, c.names.Bucket())
-	if err != nil {
-		return fmt.Errorf("console: open bucket %s: %w", c.names.Bucket(), err)
-	}
 	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.stop = cancel
 	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.follow(run, kv) }()
+	go func() { defer c.wg.Done(); c.follow(run) }()
 	go func() { defer c.wg.Done(); c.sweep(run) }()
 	go func() { defer c.wg.Done(); c.work.run(run) }()
 	go func() { defer c.wg.Done(); c.followDeadLetters(run) }()
@@ -160,13 +157,13 @@ func (c *Console) Stop(ctx context.Context) error {
 	}
 }
 
-// follow feeds the index from a watch of the jobs bucket: every key's
-// latest record first, then every write. When the watch ends (NATS went
-// away), it starts again and the replay corrects the index.
-func (c *Console) follow(ctx context.Context, kv jetstream.KeyValue) {
+// follow feeds the index from the jobs bucket's stream: every key's latest
+// record first, then every write. When the feed fails (NATS went away),
+// it starts again and the replay corrects the index.
+func (c *Console) follow(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := c.watch(ctx, kv); err != nil && ctx.Err() == nil {
-			c.log.Warn("watching the jobs bucket; starting again", "err", err)
+		if err := c.watch(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("following the jobs bucket; starting again", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -175,36 +172,121 @@ func (c *Console) follow(ctx context.Context, kv jetstream.KeyValue) {
 	}
 }
 
-func (c *Console) watch(ctx context.Context, kv jetstream.KeyValue) error {
-	w, err := kv.WatchAll(ctx)
+// watch reads the bucket's stream with an ordered consumer that pulls up
+// to a thousand records at a time. One goroutine receives them; the
+// index takes whatever has arrived in one batch, under one lock, so that
+// following a busy fleet costs its dispatcher little.
+func (c *Console) watch(ctx context.Context) error {
+	stream := "KV_" + c.names.Bucket()
+	prefix := "$KV." + c.names.Bucket() + "."
+	s, err := c.cfg.JS.Stream(ctx, stream)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = w.Stop() }()
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	cons, err := c.cfg.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return err
+	}
+	msgs, err := cons.Messages(jetstream.PullMaxMessages(1000))
+	if err != nil {
+		return err
+	}
+	defer msgs.Stop()
+	stop := context.AfterFunc(ctx, msgs.Stop)
+	defer stop()
+
 	c.index.BeginReplay()
-	started, bad := time.Now(), 0
+	var (
+		mu       sync.Mutex
+		pending  []Update
+		caughtUp bool
+		failed   error
+	)
+	wake := make(chan struct{}, 1)
+	go func() {
+		defer close(wake)
+		for {
+			m, err := msgs.Next()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+				}
+				return
+			}
+			u := Update{Key: strings.TrimPrefix(m.Subject(), prefix)}
+			last := false
+			if meta, err := m.Metadata(); err == nil {
+				u.Rev, last = meta.Sequence.Stream, meta.NumPending == 0
+			}
+			switch m.Headers().Get("KV-Operation") {
+			case "DEL", "PURGE":
+				u.Deleted = true
+			default:
+				u.Data = m.Data()
+			}
+			mu.Lock()
+			pending = append(pending, u)
+			caughtUp = caughtUp || last
+			mu.Unlock()
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+
+	replaying, started, bad := true, time.Now(), 0
+	ready := func() {
+		if replaying {
+			replaying = false
+			c.index.EndReplay()
+			c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
+		}
+	}
+	if info.State.Msgs == 0 {
+		ready()
+	}
+	var batch []Update
+	quiet := time.NewTimer(2 * time.Second) // a replay that brings nothing more is done
+	defer quiet.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
+		case <-quiet.C:
+			ready()
+			continue
+		case _, ok := <-wake:
 			if !ok {
-				return errors.New("the watch ended")
-			}
-			if e == nil {
-				c.index.EndReplay()
-				c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
-				continue
-			}
-			switch e.Operation() {
-			case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
-				c.index.Delete(e.Key())
-			default:
-				if err := c.index.Apply(e.Key(), e.Value(), e.Revision()); err != nil && bad < 10 {
-					bad++
-					c.log.Warn("a job record the console cannot read", "job_id", e.Key(), "err", err)
+				mu.Lock()
+				defer mu.Unlock()
+				if failed != nil {
+					return failed
 				}
+				return errors.New("the feed ended")
 			}
+		}
+		mu.Lock()
+		batch, pending = pending, batch[:0]
+		done := caughtUp
+		mu.Unlock()
+		for _, err := range c.index.ApplyAll(batch) {
+			if bad < 10 {
+				bad++
+				c.log.Warn("a job record the console cannot read", "err", err)
+			}
+		}
+		if done {
+			ready()
+		} else if replaying {
+			quiet.Reset(2 * time.Second)
 		}
 	}
 }

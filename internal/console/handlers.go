@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -445,7 +448,7 @@ func (c *Console) cancel(_ http.ResponseWriter, r *http.Request) (string, error)
 	if err != nil {
 		return "", err
 	}
-	c.m.actions.Add(ctx, 1)
+	c.m.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", "cancel")))
 	c.log.Info("console: cancel", "job_id", id, "cancelled", reply.Cancelled)
 	return "/ui/jobs/" + url.PathEscape(id) + "?notice=" + url.QueryEscape(reply.Message), nil
 }
@@ -460,7 +463,7 @@ func (c *Console) retry(ctx context.Context, id string) (string, error) {
 	if reply.Rejected() {
 		return "", badRequest("the retry was rejected: " + reply.Error)
 	}
-	c.m.actions.Add(ctx, 1)
+	c.m.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", "retry")))
 	c.log.Info("console: retry of a dead letter", "job_id", id, "new_job_id", reply.JobID)
 	return reply.JobID, nil
 }

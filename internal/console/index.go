@@ -184,6 +184,50 @@ func (ix *Index) apply(r *recordView, rev uint64) {
 	ix.version.Add(1)
 }
 
+// Update is one write of the jobs bucket: a record, or a deletion.
+type Update struct {
+	Key     string
+	Data    []byte
+	Rev     uint64
+	Deleted bool
+}
+
+// ApplyAll takes a batch of writes, in order: the records are decoded
+// first, then applied under one lock. It returns the records it could not
+// read.
+func (ix *Index) ApplyAll(us []Update) []error {
+	if len(us) == 0 {
+		return nil
+	}
+	views := make([]recordView, len(us))
+	var errs []error
+	for i := range us {
+		if us[i].Deleted {
+			continue
+		}
+		if err := decodeRecord(us[i].Data, &views[i]); err != nil {
+			errs = append(errs, fmt.Errorf("record %s: %w", us[i].Key, err))
+			us[i].Deleted, us[i].Data = false, nil
+			continue
+		}
+		views[i].ID = us[i].Key
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i := range us {
+		switch {
+		case us[i].Deleted:
+			if e := ix.byID[us[i].Key]; e != nil {
+				ix.forget(e)
+				ix.version.Add(1)
+			}
+		case views[i].ID != "":
+			ix.apply(&views[i], us[i].Rev)
+		}
+	}
+	return errs
+}
+
 // Delete forgets a job whose key was deleted or purged.
 func (ix *Index) Delete(key string) {
 	ix.mu.Lock()
