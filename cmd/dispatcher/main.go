@@ -226,6 +226,7 @@ func run(args []string) error {
 	}
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
+	var cons *console.Console
 	if f.console {
 		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Submit: d.Submit,
 			Lag: func() map[string]console.QueueLag {
@@ -240,14 +241,13 @@ func run(args []string) error {
 		if auth != nil {
 			ccfg.Auth = auth
 		}
-		c, err := console.New(ccfg)
-		if err != nil {
+		if cons, err = console.New(ccfg); err != nil {
 			return err
 		}
-		if err := start(c); err != nil {
+		if err := start(cons); err != nil {
 			return err
 		}
-		api.Handle("/ui/", c)
+		api.Handle("/ui/", cons)
 		api.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusSeeOther))
 	}
 	if caps != nil {
@@ -264,6 +264,9 @@ func run(args []string) error {
 	srv := &server{Server: &http.Server{Handler: handler(api), TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10},
 		addr: f.httpAddr, cert: f.tlsCert, key: f.tlsKey, log: log}
+	if cons != nil {
+		srv.RegisterOnShutdown(cons.EndStreams) // open console pages would hold the shutdown
+	}
 	if err := start(srv); err != nil {
 		return err
 	}

@@ -564,3 +564,56 @@ func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
 		t.Errorf("errors: %v", errs)
 	}
 }
+
+// TestConsolesAgreeAndRebuildFromTheBucket: a console that followed jobs
+// live and one started afterwards (another dispatcher, or this one
+// restarted), which rebuilds its index from the bucket, show the same
+// counts, the same last hour and the same list.
+func TestConsolesAgreeAndRebuildFromTheBucket(t *testing.T) {
+	s := startSite(t, siteOptions{})
+	s.worker(t, "w-agree")
+	var ids []string
+	for i := range 12 {
+		cmd := "true"
+		if i%4 == 0 {
+			cmd = "exit 1"
+		}
+		ids = append(ids, s.f.Submit(t, &job.Request{ID: fmt.Sprintf("agree-%02d", i), Command: []string{"sh", "-c", cmd},
+			Labels: map[string]string{"n": fmt.Sprint(i % 3)}}))
+	}
+	for _, id := range ids {
+		s.f.Await(t, id, 20*time.Second)
+	}
+	s.f.Submit(t, &job.Request{ID: "agree-waiting", Pool: "nobody-serves-this", Command: []string{"true"}})
+
+	d := s.f.Dispatcher
+	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit,
+		Logger: fleettest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = late.Stop(context.Background()) })
+	waitFor(t, "the late console's index", 10*time.Second, late.Index().Ready)
+	summary := func(ix *console.Index) string {
+		st := ix.Stats(time.Now())
+		var b strings.Builder
+		for _, p := range st {
+			fmt.Fprintf(&b, "%s %v ok=%d failed=%d started=%d p50=%s;", p.Pool, p.ByState, p.Succeeded, p.Failed, p.Started, p.P50)
+		}
+		for _, r := range ix.List(console.Filter{}, console.Cursor{}, console.Cursor{}, 100).Rows {
+			fmt.Fprintf(&b, "%s=%s/%d ", r.ID, r.State, r.Attempt)
+		}
+		return b.String()
+	}
+	waitFor(t, "the two consoles to agree", 10*time.Second, func() bool {
+		return summary(s.c.Index()) == summary(late.Index())
+	})
+	live := s.c.Index().Stats(time.Now())[0]
+	if live.Succeeded != 9 || live.Failed != 3 || live.ByState["queued"] != 1 || live.OldestQueued.IsZero() {
+		t.Errorf("counts: %d succeeded, %d failed, %d queued in the last hour, want 9, 3, 1 and an oldest queued job",
+			live.Succeeded, live.Failed, live.ByState["queued"])
+	}
+}

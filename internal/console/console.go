@@ -92,6 +92,9 @@ type Console struct {
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
+
+	closing   chan struct{} // closed when open streams must end
+	closeOnce sync.Once
 }
 
 // New returns a Console; Start starts following the fleet.
@@ -111,7 +114,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger.With("component", "console"),
-		index: NewIndex(cfg.Queue.Retention, cfg.MaxJobs), pages: p}
+		index: NewIndex(cfg.Queue.Retention, cfg.MaxJobs), pages: p, closing: make(chan struct{})}
 	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
 	c.dead = &deadLetters{max: 5000}
 	c.m = newConsoleMetrics(c)
@@ -141,8 +144,14 @@ func (c *Console) Start(ctx context.Context) error {
 	return nil
 }
 
+// EndStreams ends the open pages' streams, which would otherwise keep an
+// HTTP server's graceful shutdown waiting (see http.Server.RegisterOnShutdown).
+// Their pages reconnect to another dispatcher, or when this one is back.
+func (c *Console) EndStreams() { c.closeOnce.Do(func() { close(c.closing) }) }
+
 // Stop stops following the fleet; open pages' streams end.
 func (c *Console) Stop(ctx context.Context) error {
+	c.EndStreams()
 	if c.stop != nil {
 		c.stop()
 	}

@@ -78,6 +78,9 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		return
 	}
 	rc := http.NewResponseController(w)
+	// The server's read timeout would end the stream too: once it passes,
+	// the server takes the connection for closed.
+	_ = rc.SetReadDeadline(time.Time{})
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -123,6 +126,8 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-c.closing:
 			return
 		case <-t.C:
 		}
