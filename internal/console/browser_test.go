@@ -17,6 +17,7 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
@@ -315,6 +316,19 @@ func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
 		t.Error("state=failed lists the succeeded job")
 	}
 	b.visitAll(t, s, id)
+
+	// A traced job's page links its trace through --trace-url.
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	traced := trace.ContextWithSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true}))
+	if reply, err := s.f.Dispatcher.Submit(traced, []byte(`{"id": "traced-1", "command": ["true"]}`)); err != nil || reply.Rejected() {
+		t.Fatalf("submit: %+v %v", reply, err)
+	}
+	b.open(t, s.url("/ui/jobs/traced-1"))
+	if href := b.attr(t, "#trace", "href"); href != "https://jaeger.example/trace/"+tid.String() {
+		t.Errorf("the trace link: %q", href)
+	}
 }
 
 // TestConsoleCancelsARunningJob: cancel on the job's page stops a running

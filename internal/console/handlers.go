@@ -509,16 +509,19 @@ func (c *Console) retryMany(_ http.ResponseWriter, r *http.Request) (string, err
 
 type loginData struct {
 	Next, Error string
-	Open        bool
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Auth == nil {
+		http.Redirect(w, r, "/ui/", http.StatusSeeOther) // an open console needs no login
+		return
+	}
 	c.showLogin(w, r, "", http.StatusOK)
 }
 
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, msg string, code int) {
 	v := c.newView("login", "Log in", who{})
-	v.Data = &loginData{Next: safeNext(r.FormValue("next")), Error: msg, Open: c.cfg.Auth == nil}
+	v.Data = &loginData{Next: safeNext(r.FormValue("next")), Error: msg}
 	var buf bytes.Buffer
 	if err := c.pages.render(&buf, "layout", v); err != nil {
 		http.Error(w, "the page could not be drawn", http.StatusInternalServerError)
