@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -211,11 +212,13 @@ func (c *Console) watch(ctx context.Context) error {
 
 	c.index.BeginReplay()
 	var (
-		mu       sync.Mutex
-		pending  []Update
-		caughtUp bool
-		failed   error
+		mu        sync.Mutex
+		pending   []Update
+		caughtUp  bool
+		failed    error
+		replaying atomic.Bool // a message's metadata is read only until the replay ends
 	)
+	replaying.Store(true)
 	wake := make(chan struct{}, 1)
 	go func() {
 		defer close(wake)
@@ -231,8 +234,12 @@ func (c *Console) watch(ctx context.Context) error {
 			}
 			u := Update{Key: strings.TrimPrefix(m.Subject(), prefix)}
 			last := false
-			if meta, err := m.Metadata(); err == nil {
-				u.Rev, last = meta.Sequence.Stream, meta.NumPending == 0
+			if replaying.Load() {
+				// Replayed records may come again later; live ones come in
+				// order, and need no revision.
+				if meta, err := m.Metadata(); err == nil {
+					u.Rev, last = meta.Sequence.Stream, meta.NumPending == 0
+				}
 			}
 			switch m.Headers().Get("KV-Operation") {
 			case "DEL", "PURGE":
@@ -251,10 +258,10 @@ func (c *Console) watch(ctx context.Context) error {
 		}
 	}()
 
-	replaying, started, bad := true, time.Now(), 0
+	started, bad := time.Now(), 0
 	ready := func() {
-		if replaying {
-			replaying = false
+		if replaying.Load() {
+			replaying.Store(false)
 			c.index.EndReplay()
 			c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
 		}
@@ -294,7 +301,7 @@ func (c *Console) watch(ctx context.Context) error {
 		}
 		if done {
 			ready()
-		} else if replaying {
+		} else if replaying.Load() {
 			quiet.Reset(2 * time.Second)
 		}
 	}

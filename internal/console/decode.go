@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/fleet-dev/fleet/job"
@@ -14,8 +15,8 @@ import (
 // in every dispatcher for every record write, so it scans the document
 // once, without reflection, skipping what it does not need (the history);
 // a document it cannot follow goes to encoding/json, which judges it.
-func decodeRecord(data []byte, r *recordView) error {
-	s := scanner{b: data}
+func decodeRecord(data []byte, r *recordView, in *interner) error {
+	s := scanner{b: data, in: in}
 	if err := s.record(r); err != nil {
 		*r = recordView{}
 		return json.Unmarshal(data, r)
@@ -26,8 +27,48 @@ func decodeRecord(data []byte, r *recordView) error {
 var errScan = errors.New("unexpected JSON")
 
 type scanner struct {
-	b []byte
-	i int
+	b  []byte
+	i  int
+	in *interner // nil: no interning
+}
+
+// interner gives the strings many records share (pools, states, workers,
+// failure classes and codes) one copy, without allocating for a known
+// one.
+type interner struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (in *interner) get(b []byte) string {
+	if in == nil {
+		return string(b)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if v, ok := in.m[string(b)]; ok {
+		return v
+	}
+	v := string(b)
+	if in.m == nil {
+		in.m = map[string]string{}
+	}
+	if len(in.m) < 50_000 {
+		in.m[v] = v
+	}
+	return v
+}
+
+// name reads a string value worth interning.
+func (s *scanner) name() (string, error) {
+	start := s.i
+	if s.peek() == '"' {
+		if b, err := s.rawString(); err == nil {
+			return s.in.get(b), nil
+		}
+		s.i = start
+	}
+	return s.str()
 }
 
 func (s *scanner) ws() {
@@ -182,16 +223,21 @@ func (s *scanner) bool() (bool, error) {
 	return false, errScan
 }
 
-func (s *scanner) time() (*time.Time, error) {
-	v, err := s.str()
-	if err != nil || v == "" {
-		return nil, err
+func (s *scanner) time() (time.Time, error) {
+	if s.null() {
+		return time.Time{}, nil
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
+	b, err := s.rawString()
 	if err != nil {
-		return nil, errScan
+		return time.Time{}, err
 	}
-	return &t, nil
+	// time.Parse takes a string; the conversion does not allocate when its
+	// result does not escape.
+	t, err := time.Parse(time.RFC3339Nano, string(b))
+	if err != nil {
+		return time.Time{}, errScan
+	}
+	return t, nil
 }
 
 // skip passes over any value.
@@ -246,32 +292,24 @@ func (s *scanner) record(r *recordView) error {
 	err := s.object(func(key []byte) error {
 		var err error
 		switch string(key) {
-		case "id":
-			r.ID, err = s.str()
 		case "pool":
-			r.Pool, err = s.str()
+			r.Pool, err = s.name()
 		case "state":
 			var v string
-			v, err = s.str()
+			v, err = s.name()
 			r.State = job.State(v)
 		case "attempt":
 			r.Attempt, err = s.int()
 		case "max_attempts":
 			r.MaxAttempts, err = s.int()
 		case "worker_id":
-			r.WorkerID, err = s.str()
+			r.WorkerID, err = s.name()
 		case "backend":
-			r.Backend, err = s.str()
+			r.Backend, err = s.name()
 		case "submitted_at":
-			var t *time.Time
-			if t, err = s.time(); t != nil {
-				r.SubmittedAt = *t
-			}
+			r.SubmittedAt, err = s.time()
 		case "updated_at":
-			var t *time.Time
-			if t, err = s.time(); t != nil {
-				r.UpdatedAt = *t
-			}
+			r.UpdatedAt, err = s.time()
 		case "started_at":
 			r.StartedAt, err = s.time()
 		case "finished_at":
@@ -299,10 +337,10 @@ func (s *scanner) record(r *recordView) error {
 				switch string(k) {
 				case "class":
 					var v string
-					v, err = s.str()
+					v, err = s.name()
 					f.Class = job.FailureClass(v)
 				case "code":
-					f.Code, err = s.str()
+					f.Code, err = s.name()
 				case "message":
 					f.Message, err = s.str()
 				default:
@@ -341,7 +379,7 @@ func (s *scanner) record(r *recordView) error {
 	return nil
 }
 
-var recordKeys = [][]byte{[]byte("id"), []byte("pool"), []byte("state"), []byte("attempt"), []byte("max_attempts"),
+var recordKeys = [][]byte{[]byte("pool"), []byte("state"), []byte("attempt"), []byte("max_attempts"),
 	[]byte("worker_id"), []byte("backend"), []byte("submitted_at"), []byte("updated_at"), []byte("started_at"),
 	[]byte("finished_at"), []byte("next_attempt_at"), []byte("exit_code"), []byte("cancel_requested"),
 	[]byte("trace_id"), []byte("failure"), []byte("labels"), []byte("class"), []byte("code"), []byte("message")}

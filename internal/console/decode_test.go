@@ -31,7 +31,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		var want recordView
 		werr := json.Unmarshal(data, &want)
 		var got recordView
-		gerr := decodeRecord(data, &got)
+		gerr := decodeRecord(data, &got, &interner{})
 		if werr != nil {
 			return
 		}
@@ -47,15 +47,8 @@ func FuzzDecodeRecord(f *testing.F) {
 // normal makes two decodings comparable: times by instant, and empty
 // maps as nil.
 func normal(r recordView) recordView {
-	fix := func(p *time.Time) *time.Time {
-		if p == nil {
-			return nil
-		}
-		t := p.UTC()
-		return &t
-	}
 	r.SubmittedAt, r.UpdatedAt = r.SubmittedAt.UTC(), r.UpdatedAt.UTC()
-	r.StartedAt, r.FinishedAt, r.NextAttemptAt = fix(r.StartedAt), fix(r.FinishedAt), fix(r.NextAttemptAt)
+	r.StartedAt, r.FinishedAt, r.NextAttemptAt = r.StartedAt.UTC(), r.FinishedAt.UTC(), r.NextAttemptAt.UTC()
 	if len(r.Labels) == 0 {
 		r.Labels = nil
 	}

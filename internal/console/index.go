@@ -59,7 +59,9 @@ type Index struct {
 	// strs interns the strings many entries share (pools, workers,
 	// failure codes), so that 100,000 entries do not hold 100,000 copies.
 	strs map[string]string
-	gen  uint64
+	// names interns them while decoding, before a record is applied.
+	names interner
+	gen   uint64
 
 	retention time.Duration
 	maxJobs   int
@@ -92,7 +94,7 @@ func (ix *Index) intern(s string) string {
 
 // recordView is the part of a job.Record the index decodes.
 type recordView struct {
-	ID              string            `json:"id"`
+	ID              string            `json:"-"` // the key
 	Pool            string            `json:"pool"`
 	State           job.State         `json:"state"`
 	Attempt         int               `json:"attempt"`
@@ -101,9 +103,9 @@ type recordView struct {
 	Backend         string            `json:"backend"`
 	SubmittedAt     time.Time         `json:"submitted_at"`
 	UpdatedAt       time.Time         `json:"updated_at"`
-	StartedAt       *time.Time        `json:"started_at"`
-	FinishedAt      *time.Time        `json:"finished_at"`
-	NextAttemptAt   *time.Time        `json:"next_attempt_at"`
+	StartedAt       time.Time         `json:"started_at"`
+	FinishedAt      time.Time         `json:"finished_at"`
+	NextAttemptAt   time.Time         `json:"next_attempt_at"`
 	Failure         *job.Failure      `json:"failure"`
 	ExitCode        *int              `json:"exit_code"`
 	CancelRequested bool              `json:"cancel_requested"`
@@ -111,8 +113,8 @@ type recordView struct {
 	Labels          map[string]string `json:"labels"`
 }
 
-func nanos(t *time.Time) int64 {
-	if t == nil || t.IsZero() {
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
 		return 0
 	}
 	return t.UnixNano()
@@ -124,7 +126,7 @@ const maxMessage = 300
 // Apply takes one record as stored under its key at revision rev.
 func (ix *Index) Apply(key string, data []byte, rev uint64) error {
 	var r recordView
-	if err := decodeRecord(data, &r); err != nil {
+	if err := decodeRecord(data, &r, &ix.names); err != nil {
 		return fmt.Errorf("record %s: %w", key, err)
 	}
 	r.ID = key // the key is the job's id
@@ -200,17 +202,17 @@ func (ix *Index) ApplyAll(us []Update) []error {
 		return nil
 	}
 	views := make([]recordView, len(us))
+	read := make([]bool, len(us))
 	var errs []error
 	for i := range us {
 		if us[i].Deleted {
 			continue
 		}
-		if err := decodeRecord(us[i].Data, &views[i]); err != nil {
+		if err := decodeRecord(us[i].Data, &views[i], &ix.names); err != nil {
 			errs = append(errs, fmt.Errorf("record %s: %w", us[i].Key, err))
-			us[i].Deleted, us[i].Data = false, nil
 			continue
 		}
-		views[i].ID = us[i].Key
+		views[i].ID, read[i] = us[i].Key, true
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -221,7 +223,7 @@ func (ix *Index) ApplyAll(us []Update) []error {
 				ix.forget(e)
 				ix.version.Add(1)
 			}
-		case views[i].ID != "":
+		case read[i]:
 			ix.apply(&views[i], us[i].Rev)
 		}
 	}
