@@ -79,7 +79,10 @@ func (c *Console) csrfCookie(w http.ResponseWriter, r *http.Request) string {
 		return ck.Value
 	}
 	v := random(32)
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: "/ui/", HttpOnly: true, Secure: true,
+	// Secure, but for an open console on plain HTTP to another host
+	// (--insecure-http), where a browser would drop it.
+	secure := r.TLS != nil || loopbackHost(r.Host) || r.Header.Get("X-Forwarded-Proto") == "https"
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: "/ui/", HttpOnly: true, Secure: secure,
 		SameSite: http.SameSiteStrictMode})
 	// The cookie is sent from the next request on; this one's forms carry
 	// the value already.

@@ -209,8 +209,6 @@ func (c *Console) overviewData(now time.Time) *overviewData {
 		l := l
 		row(p).Lag = &l
 	}
-	zero := int64(0)
-	d.Cap.CPUMilli.Total, d.Cap.MemoryBytes.Total = &zero, new(int64)
 	for i := range caps {
 		pc := caps[i]
 		row(pc.Pool).Cap = &pc
@@ -241,7 +239,6 @@ type jobsData struct {
 	Older    string
 	Newer    string
 	FilterOn bool
-	Limit    int
 }
 
 const pageSize = 50
@@ -314,7 +311,7 @@ func (c *Console) jobs(_ context.Context, r *http.Request, v *view) error {
 	}
 	before, _ := ParseCursor(q.Get("before"))
 	after, _ := ParseCursor(q.Get("after"))
-	d := &jobsData{Page: c.index.List(f, before, after, pageSize), States: states, Pools: c.index.Pools(), Limit: pageSize}
+	d := &jobsData{Page: c.index.List(f, before, after, pageSize), States: states, Pools: c.index.Pools()}
 	base := url.Values{}
 	for k, vs := range q {
 		if k != "before" && k != "after" && k != "notice" && k != "page" && k != "every" {
