@@ -7,7 +7,7 @@ BIN       := bin
 TESTFLAGS ?= -race -count=1 -timeout 45m
 IMAGE     ?= fleet:dev
 
-.PHONY: all build demo test bench lint fuzz image image-release tools clean
+.PHONY: all build demo test bench bench-console lint fuzz image image-release tools screenshots clean
 
 all: build
 
@@ -40,9 +40,17 @@ bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/
 	./scripts/bench.sh
 
+## bench-console: the no-op throughput with the console on (two pages open) and off, side by side
+bench-console: build
+	./scripts/bench-console.sh
+
+## screenshots: the README's pictures of the console (docs/console-*.png), from a fleet in the test, through headless Chromium
+screenshots:
+	FLEET_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleScreenshots$$' ./internal/console/
+
 ## fuzz: every fuzz target for FUZZTIME each (make test runs their seed corpora)
 FUZZTIME ?= 60s
-FUZZPKGS := ./job/ ./internal/queue/ ./internal/capacity/
+FUZZPKGS := ./job/ ./internal/queue/ ./internal/capacity/ ./internal/console/
 fuzz:
 	@set -e; for pkg in $(FUZZPKGS); do \
 	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \

@@ -54,6 +54,7 @@ func NewStatusReply(rec *Record, res *Result) *StatusReply {
 	if res != nil && !rec.State.Final() {
 		rec.State, rec.Attempt, rec.Failure = State(res.Status), res.Attempts, res.Failure
 		rec.FinishedAt, rec.UpdatedAt, rec.NextAttemptAt = &res.FinishedAt, res.FinishedAt, nil
+		rec.ExitCode = res.ExitCode
 	}
 	return &StatusReply{Job: rec, Result: res}
 }

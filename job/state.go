@@ -45,6 +45,9 @@ type Record struct {
 	// NextAttemptAt is set while the job waits for a retry.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
 	Failure       *Failure   `json:"failure,omitempty"`
+	// ExitCode is the last attempt's exit code, once the job has ended
+	// with one.
+	ExitCode *int `json:"exit_code,omitempty"`
 	// CancelRequested is set by a cancel; the worker holding the job stops it.
 	CancelRequested bool `json:"cancel_requested,omitempty"`
 	// Handbacks counts deliveries a draining worker gave back unfinished;

@@ -36,6 +36,7 @@ for _ in $(seq 150); do
 	sleep 0.1
 done
 [ "$ready" = 1 ] || { echo "the dispatcher did not start:"; cat "$data/dispatcher.log"; exit 1; }
+say "the console: http://$FLEET_HTTP_ADDR/ui/  (open while the demo runs; FLEET_DEMO_HOLD=1 keeps the fleet up after it)"
 
 # The Docker executor when a daemon answers (the jobs' image is built
 # locally: no registry needed), else the process executor. The examples run
@@ -83,7 +84,24 @@ for want in demo-hello=succeeded demo-fails=failed demo-times-out=timed_out; do
 		status=1
 	fi
 done
+# The console shows the same jobs.
+if command -v curl >/dev/null; then
+	say "the console lists them: http://$FLEET_HTTP_ADDR/ui/jobs"
+	page=$(curl -fsS "http://$FLEET_HTTP_ADDR/ui/jobs" || true)
+	for id in "${ids[@]}"; do
+		if grep -q "id=\"job-$id\"" <<<"$page"; then
+			echo "  $id: $(grep -A3 "id=\"job-$id\"" <<<"$page" | grep -o 'data-state="[a-z_]*"' | head -1)"
+		else
+			echo "demo: $id is not on the console's jobs page" >&2
+			status=1
+		fi
+	done
+fi
 [ "$status" = 0 ] || { echo "--- dispatcher log" >&2; tail -20 "$data/dispatcher.log" >&2;
 	echo "--- worker log" >&2; tail -20 "$data/worker.log" >&2; }
+if [ -n "${FLEET_DEMO_HOLD:-}" ]; then
+	say "the fleet stays up: the console is at http://$FLEET_HTTP_ADDR/ui/ (Ctrl-C stops it)"
+	wait "${pids[0]}" || true
+fi
 say "stopping"
 exit "$status"

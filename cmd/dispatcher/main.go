@@ -27,6 +27,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/cli"
+	"github.com/fleet-dev/fleet/internal/console"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/embedded"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -64,6 +65,9 @@ type flags struct {
 	tlsCert     string
 	tlsKey      string
 	tlsClientCA string
+	console     bool
+	readOnly    bool
+	traceURL    string
 }
 
 func run(args []string) error {
@@ -90,6 +94,9 @@ func run(args []string) error {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate of the HTTP API (serves HTTPS)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "key of --tls-cert")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA of client certificates: with it, clients must present one (mutual TLS)")
+	fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ on the HTTP address")
+	fs.BoolVar(&f.readOnly, "console-read-only", false, "the console shows everything but offers and accepts no cancel or retry")
+	fs.StringVar(&f.traceURL, "trace-url", "", "link trace ids in the console: a URL template with {trace_id}, e.g. https://jaeger.example/trace/{trace_id}")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
@@ -217,12 +224,36 @@ func run(args []string) error {
 		return err
 	}
 
-	handler, tlsConfig, err := guard(&f)
+	handler, auth, tlsConfig, err := guard(&f)
 	if err != nil {
 		return err
 	}
 	api := dispatcher.NewAPI(d)
 	api.Handle("GET /metrics", tel.Metrics)
+	var cons *console.Console
+	if f.console {
+		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Submit: d.Submit,
+			Lag: func() map[string]console.QueueLag {
+				out := map[string]console.QueueLag{}
+				for pool, l := range d.Lag() {
+					out[pool] = console.QueueLag{Pending: l.Pending, InFlight: l.InFlight}
+				}
+				return out
+			},
+			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
+			Version: version.Version, Logger: log}
+		if auth != nil {
+			ccfg.Auth = auth
+		}
+		if cons, err = console.New(ccfg); err != nil {
+			return err
+		}
+		if err := start(cons); err != nil {
+			return err
+		}
+		api.Handle("/ui/", cons)
+		api.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusSeeOther))
+	}
 	if caps != nil {
 		api.ServeCapacity(caps)
 		reaper := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: f.heartbeat, Announce: d.Announce,
@@ -237,6 +268,9 @@ func run(args []string) error {
 	srv := &server{Server: &http.Server{Handler: handler(api), TLSConfig: tlsConfig, ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10},
 		addr: f.httpAddr, cert: f.tlsCert, key: f.tlsKey, log: log}
+	if cons != nil {
+		srv.RegisterOnShutdown(cons.EndStreams) // open console pages would hold the shutdown
+	}
 	if err := start(srv); err != nil {
 		return err
 	}
@@ -294,43 +328,44 @@ func (s *server) Stop(ctx context.Context) error { return s.Shutdown(ctx) }
 
 // guard decides how the HTTP API is protected: tokens, client certificates,
 // or nothing, which is allowed only on loopback or with --insecure-http.
-func guard(f *flags) (func(http.Handler) http.Handler, *tls.Config, error) {
+func guard(f *flags) (func(http.Handler) http.Handler, *dispatcher.Auth, *tls.Config, error) {
 	wrap := func(h http.Handler) http.Handler { return h }
 	var tc *tls.Config
 	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return nil, nil, errors.New("--tls-cert and --tls-key go together")
+		return nil, nil, nil, errors.New("--tls-cert and --tls-key go together")
 	}
 	if f.tlsCert != "" {
 		tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		if f.tlsClientCA != "" {
 			pem, err := os.ReadFile(f.tlsClientCA)
 			if err != nil {
-				return nil, nil, fmt.Errorf("--tls-client-ca: %w", err)
+				return nil, nil, nil, fmt.Errorf("--tls-client-ca: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("--tls-client-ca: no certificate in %s", f.tlsClientCA)
+				return nil, nil, nil, fmt.Errorf("--tls-client-ca: no certificate in %s", f.tlsClientCA)
 			}
 			// Verified when given, required on /v1/ only: probes of
 			// /healthz and /readyz carry no certificate.
 			tc.ClientCAs, tc.ClientAuth = pool, tls.VerifyClientCertIfGiven
 		}
 	} else if f.tlsClientCA != "" {
-		return nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+		return nil, nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 	}
+	var auth *dispatcher.Auth
 	if f.tokenFile != "" || f.tlsClientCA != "" {
-		auth := &dispatcher.Auth{Certs: f.tlsClientCA != ""}
+		auth = &dispatcher.Auth{Certs: f.tlsClientCA != ""}
 		if f.tokenFile != "" {
 			if err := auth.LoadTokens(f.tokenFile); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 		}
 		wrap = auth.Wrap
 	}
 	open := f.tokenFile == "" && f.tlsClientCA == ""
 	if open && !f.insecure && !dispatcher.Loopback(f.httpAddr) {
-		return nil, nil, fmt.Errorf("the HTTP API on %s would be open to the network: give --api-token-file or "+
+		return nil, nil, nil, fmt.Errorf("the HTTP API on %s would be open to the network: give --api-token-file or "+
 			"--tls-client-ca, listen on loopback, or pass --insecure-http", f.httpAddr)
 	}
-	return wrap, tc, nil
+	return wrap, auth, tc, nil
 }

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -82,4 +83,43 @@ func Loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Token checks a bearer token for the console's login: id names the token
+// without revealing it, key is a secret derived from it (the same in every
+// dispatcher given the token) that signs the console's session cookies.
+func (a *Auth) Token(token string) (id string, key []byte, ok bool) {
+	sum := sha256.Sum256([]byte(token))
+	match := -1
+	for i, t := range a.tokens {
+		if subtle.ConstantTimeCompare(sum[:], t[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return "", nil, false
+	}
+	return tokenID(a.tokens[match]), a.tokens[match][:], true
+}
+
+// Key returns the key of the token whose id is given, while the token is
+// accepted.
+func (a *Auth) Key(id string) ([]byte, bool) {
+	for _, t := range a.tokens {
+		if subtle.ConstantTimeCompare([]byte(tokenID(t)), []byte(id)) == 1 {
+			return t[:], true
+		}
+	}
+	return nil, false
+}
+
+// Cert reports whether r carries a client certificate the TLS server
+// verified, when certificates let clients in.
+func (a *Auth) Cert(r *http.Request) bool {
+	return a.Certs && r.TLS != nil && len(r.TLS.VerifiedChains) > 0
+}
+
+func tokenID(hash [32]byte) string {
+	sum := sha256.Sum256(append([]byte("fleet-token-id\x00"), hash[:]...))
+	return hex.EncodeToString(sum[:8])
 }

@@ -101,6 +101,7 @@ type Dispatcher struct {
 	m     metrics
 
 	replies *replies
+	lag     *lag
 	core    *nats.Subscription
 	direct  *nats.Subscription
 	cancels *nats.Subscription
@@ -126,6 +127,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		log:   cfg.Logger.With("component", "dispatcher"),
 		sema:  make(chan struct{}, cfg.InFlight),
 		ready: make(chan struct{}),
+		lag:   &lag{pending: map[string]uint64{}, inFlight: map[string]int{}},
 	}
 	d.m = newMetrics(telemetry.Meter())
 	d.replies = newReplies(nc)
@@ -228,6 +230,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 		return fmt.Errorf("stop dispatcher: %w", ctx.Err())
 	}
 }
+
+// JetStream returns the dispatcher's JetStream context, for the console.
+func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
 
 // Store returns the job-state store, for the HTTP API and the reaper.
 func (d *Dispatcher) Store() *queue.Store { return d.store }

@@ -24,7 +24,7 @@ type lag struct {
 // watchLag refreshes the numbers every interval until ctx ends, and
 // registers the gauges that report them.
 func (d *Dispatcher) watchLag(ctx context.Context, every time.Duration) {
-	l := &lag{pending: map[string]uint64{}, inFlight: map[string]int{}}
+	l := d.lag
 	m := telemetry.Meter()
 	pending, _ := m.Int64ObservableGauge("fleet.queue.pending", metric.WithDescription("Jobs waiting in a pool's queue, not yet delivered to a worker"))
 	inFlight, _ := m.Int64ObservableGauge("fleet.queue.in_flight", metric.WithDescription("Jobs delivered to a pool's workers and not finished"))
@@ -51,6 +51,24 @@ func (d *Dispatcher) watchLag(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 	}
+}
+
+// QueueLag is a pool's consumer lag: jobs waiting in its queue, not yet
+// delivered, and jobs delivered to its workers and not finished.
+type QueueLag struct {
+	Pending  uint64 `json:"pending"`
+	InFlight int    `json:"in_flight"`
+}
+
+// Lag returns each pool's consumer lag, as last read (every 5 seconds).
+func (d *Dispatcher) Lag() map[string]QueueLag {
+	d.lag.mu.Lock()
+	defer d.lag.mu.Unlock()
+	out := make(map[string]QueueLag, len(d.lag.pending))
+	for pool, n := range d.lag.pending {
+		out[pool] = QueueLag{Pending: n, InFlight: d.lag.inFlight[pool]}
+	}
+	return out
 }
 
 func (d *Dispatcher) refreshLag(ctx context.Context, l *lag) {

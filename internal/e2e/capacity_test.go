@@ -112,6 +112,12 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 	if dead, _ := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: 300 * time.Millisecond, Announce: f.Dispatcher.Announce}).Reap(ctx); len(dead) != 0 {
 		t.Errorf("reaped twice: %v", dead)
 	}
+	// Both see it among the recently lost workers, once, with what it held.
+	lostWorkers, err := caps.Lost(ctx, 0)
+	if err != nil || len(lostWorkers) != 1 || lostWorkers[0].WorkerID != "mortal" || len(lostWorkers[0].Jobs) != 1 ||
+		lostWorkers[0].Jobs[0].JobID != id || lostWorkers[0].LastSeen.IsZero() {
+		t.Errorf("recently lost workers: %+v, %v", lostWorkers, err)
+	}
 	// And nothing of the dead worker is left in Redis.
 	if u, err := caps.Usage(ctx, "mortal"); err != nil || u.Slots != 0 || u.SlotsUsed != 0 {
 		t.Errorf("the dead worker's slots: %+v %v", u, err)

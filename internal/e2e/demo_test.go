@@ -26,6 +26,12 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("scripts/demo.sh: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "the console: http://127.0.0.1:18080/ui/") {
+		t.Errorf("the demo does not print the console's URL:\n%s", out)
+	}
+	if !strings.Contains(string(out), "the console lists them") {
+		t.Errorf("the demo does not show its jobs in the console:\n%s", out)
+	}
 	if !strings.Contains(string(out), "hello, fleet") {
 		t.Errorf("the demo does not show the first job's output:\n%s", out)
 	}

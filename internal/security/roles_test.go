@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/console"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/fleettest"
@@ -316,6 +318,58 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		st, err := f.client.Status(ctx, "bad-request")
 		if err != nil || st.Job.State != job.StateRejected {
 			t.Fatalf("status: %+v, %v", st, err)
+		}
+	})
+
+	t.Run("is seen in the web console", func(t *testing.T) {
+		// The console runs in the dispatcher, on its connection: the
+		// index, the dead letters, a job's events and its request.
+		c, err := console.New(console.Config{JS: f.d.JetStream(), Queue: f.queueCfg, Cancel: f.d.Cancel, Submit: f.d.Submit,
+			Logger: fleettest.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatalf("console start: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		defer func() { _ = c.Stop(context.Background()) }()
+		id := f.submit(t, &job.Request{Command: []string{"block"}, Env: map[string]string{"SEEN_ENV": "hidden-value"}})
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if row, _, ok := c.Index().Job(id); ok && row.State == job.StateRunning {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the console's index does not show %s running", id)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		srv := httptest.NewServer(c)
+		defer srv.Close()
+		page := func(path string) string {
+			resp, err := http.Get(srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+			}
+			return string(body)
+		}
+		if p := page("/ui/jobs/" + id); !strings.Contains(p, "SEEN_ENV") || strings.Contains(p, "hidden-value") || !strings.Contains(p, ">started<") {
+			t.Errorf("the job page lacks its request's env names or its events, or shows an env value")
+		}
+		deadline = time.Now().Add(5 * time.Second)
+		for !strings.Contains(page("/ui/dlq"), `id="dl-`) {
+			if time.Now().After(deadline) {
+				t.Fatal("the console shows no dead letter")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, err := f.client.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
 		}
 	})
 

@@ -479,7 +479,7 @@ func (a *attempt) conclude(ctx context.Context, res *job.Result) (dead bool, err
 	w, rec := a.w, a.rec
 	now := time.Now()
 	rec.State, rec.Attempt, rec.Failure, rec.UpdatedAt, rec.NextAttemptAt = job.State(res.Status), res.Attempts, res.Failure, now, nil
-	rec.FinishedAt = &res.FinishedAt
+	rec.FinishedAt, rec.ExitCode = &res.FinishedAt, res.ExitCode
 	// The final event is always a job's last, so that watchers can stop
 	// there: the dead letter is announced before it.
 	var futures []jetstream.PubAckFuture

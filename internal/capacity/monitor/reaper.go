@@ -100,9 +100,9 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 		r.log.Warn("cannot read the last heartbeat of a dead worker", "worker_id", id, "err", err)
 	}
 	held, _ := r.s.Leases(ctx, id)
-	backend, seen := "", time.Time{}
+	backend, seen, version := "", time.Time{}, ""
 	if hb != nil {
-		backend, seen = hb.Backend, hb.ObservedAt
+		backend, seen, version = hb.Backend, hb.ObservedAt, hb.Version
 		if len(held) == 0 {
 			for _, a := range hb.Running {
 				held = append(held, capacity.Lease{JobID: a.JobID, Attempt: a.Attempt})
@@ -129,6 +129,14 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 				r.log.Warn("announce lost job", "job_id", l.JobID, "err", err)
 			}
 		}
+	}
+	lost := capacity.LostWorker{WorkerID: id, Pool: pool, Backend: backend, Version: version,
+		LostAt: time.Now().UTC(), LastSeen: seen}
+	for _, l := range held {
+		lost.Jobs = append(lost.Jobs, capacity.Held{JobID: l.JobID, Attempt: l.Attempt})
+	}
+	if err := r.s.RecordLost(ctx, lost); err != nil {
+		r.log.Warn("cannot record a lost worker for the console", "worker_id", id, "err", err)
 	}
 	if err := r.s.Forget(ctx, id); err != nil {
 		r.log.Warn("cannot remove what a dead worker left; it expires", "worker_id", id, "err", err)

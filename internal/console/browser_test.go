@@ -1,0 +1,633 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
+	"github.com/fleet-dev/fleet/internal/console"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/executor/process"
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/testenv"
+	"github.com/fleet-dev/fleet/internal/worker"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// site is a fleet with its console, served as the dispatcher serves it.
+type site struct {
+	f       *fleettest.Fleet
+	c       *console.Console
+	srv     *httptest.Server
+	caps    *capacity.Store
+	auth    *dispatcher.Auth
+	workDir string
+}
+
+type siteOptions struct {
+	token    string // requires this API token
+	readOnly bool
+	redisURL string // capacity, and a reaper
+	interval time.Duration
+	traceURL string
+}
+
+func startSite(t *testing.T, o siteOptions) *site {
+	t.Helper()
+	s := &site{f: fleettest.Start(t), workDir: t.TempDir()}
+	d := s.f.Dispatcher
+	lag := func() map[string]console.QueueLag {
+		out := map[string]console.QueueLag{}
+		for pool, l := range d.Lag() {
+			out[pool] = console.QueueLag{Pending: l.Pending, InFlight: l.InFlight}
+		}
+		return out
+	}
+	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit, Lag: lag, ReadOnly: o.readOnly,
+		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
+		Logger: fleettest.Logger(t)}
+	if o.redisURL != "" {
+		caps, err := capacity.Open(o.redisURL, capacity.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { caps.Close() })
+		s.caps, cfg.Capacity = caps, caps
+		reaper := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: o.interval, Announce: d.Announce, Requeue: d.Requeue,
+			Logger: fleettest.Logger(t)})
+		if err := reaper.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = reaper.Stop(context.Background()) })
+	}
+	if o.token != "" {
+		s.auth = &dispatcher.Auth{}
+		path := filepath.Join(t.TempDir(), "tokens")
+		if err := os.WriteFile(path, []byte(o.token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.auth.LoadTokens(path); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Auth = s.auth
+	}
+	c, err := console.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Stop(ctx)
+	})
+	s.c = c
+	api := dispatcher.NewAPI(d)
+	api.Handle("/ui/", c)
+	var h http.Handler = api
+	if s.auth != nil {
+		h = s.auth.Wrap(api)
+	}
+	s.srv = httptest.NewServer(h)
+	t.Cleanup(s.srv.Close)
+	waitFor(t, "the console's index", 10*time.Second, c.Index().Ready)
+	return s
+}
+
+func (s *site) url(path string) string { return s.srv.URL + path }
+
+// worker starts an in-process worker running processes.
+func (s *site) worker(t *testing.T, id string) *worker.Worker {
+	t.Helper()
+	e, err := process.New(process.Config{Dir: s.workDir, Grace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.f.Worker(t, e, worker.Config{ID: id, Slots: 4})
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if ok() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s", what, d)
+}
+
+// browser is a headless Chromium that records every error its pages
+// report: script exceptions, console errors and warnings, refused
+// resources and Content-Security-Policy violations.
+type browser struct {
+	ctx  context.Context
+	mu   sync.Mutex
+	errs []string
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	testenv.Require(t, err == nil, "chromium is not installed (apt-get install chromium)")
+	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.NoFirstRun, chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1400, 900),
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true)}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	b := &browser{ctx: ctx}
+	if err := chromedp.Do(ctx); err != nil { // starts the browser and its tab
+		t.Fatalf("start chromium: %v", err)
+	}
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			switch m.Type {
+			case chromedp.ConsoleError, chromedp.ConsoleWarning, chromedp.ConsoleException:
+				b.add(fmt.Sprintf("%s (%s) %s", m, m.Source, m.URL))
+			}
+		}
+	}()
+	return b
+}
+
+func (b *browser) add(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.errs = append(b.errs, s)
+}
+
+// errors returns the errors reported since the last call.
+func (b *browser) errors() []string {
+	time.Sleep(100 * time.Millisecond) // messages arrive a moment after their cause
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.errs
+	b.errs = nil
+	return e
+}
+
+// do runs actions, bounded in time.
+func (b *browser) do(t *testing.T, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		t.Fatalf("browser: %v", err)
+	}
+}
+
+func eval[T any](t *testing.T, b *browser, js string) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("browser: %s: %v", js, err)
+	}
+	return v
+}
+
+// attr reads an attribute of the first node matching sel, "" when none.
+func (b *browser) attr(t *testing.T, sel, name string) string {
+	t.Helper()
+	return eval[string](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.getAttribute(%q)||"":""})()`, sel, name))
+}
+
+func (b *browser) exists(t *testing.T, sel string) bool {
+	t.Helper()
+	return eval[int](t, b, fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)) > 0
+}
+
+func (b *browser) text(t *testing.T, sel string) string {
+	t.Helper()
+	return eval[string](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.textContent.trim():""})()`, sel))
+}
+
+func (b *browser) location(t *testing.T) string {
+	t.Helper()
+	return eval[string](t, b, `location.href`)
+}
+
+// open loads a page and waits for its live part.
+func (b *browser) open(t *testing.T, url string) {
+	t.Helper()
+	b.do(t, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("live")))
+}
+
+// visitAll loads each of the console's pages, waits for its live stream
+// to deliver, and fails on any error the page reported.
+func (b *browser) visitAll(t *testing.T, s *site, jobID string) {
+	t.Helper()
+	pages := []string{"/ui/", "/ui/jobs", "/ui/workers", "/ui/dlq"}
+	if jobID != "" {
+		pages = append(pages, "/ui/jobs/"+jobID)
+	}
+	for _, p := range pages {
+		b.open(t, s.url(p))
+		waitFor(t, p+" live", 5*time.Second, func() bool { return strings.HasPrefix(b.text(t, "#status"), "live") })
+		if errs := b.errors(); len(errs) > 0 {
+			t.Errorf("%s: the page reported errors:\n%s", p, strings.Join(errs, "\n"))
+		}
+	}
+}
+
+// TestConsoleShowsAJobLiveAndFindsItByFilters: every page loads without
+// an error; a submitted job appears in the list and goes queued →
+// running → succeeded on the page without a reload; filters by state and
+// label find it.
+func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
+	s := startSite(t, siteOptions{traceURL: "https://jaeger.example/trace/{trace_id}"})
+	b := newBrowser(t)
+	b.visitAll(t, s, "")
+
+	b.open(t, s.url("/ui/jobs"))
+	eval[bool](t, b, `window.__notReloaded = true`)
+	waitFor(t, "the stream", 5*time.Second, func() bool { return strings.HasPrefix(b.text(t, "#status"), "live") })
+	// No worker yet: the job waits in the queue.
+	id := s.f.Submit(t, &job.Request{ID: "live-1", Command: []string{"sh", "-c", "sleep 1.5; echo done"},
+		Labels: map[string]string{"team": "ml"}})
+	row := "#job-" + id
+	var seen []string
+	observe := func(until string, within time.Duration) {
+		t.Helper()
+		waitFor(t, "state "+until, within, func() bool {
+			st := b.attr(t, row, "data-state")
+			if st != "" && (len(seen) == 0 || seen[len(seen)-1] != st) {
+				seen = append(seen, st)
+			}
+			return st == until
+		})
+	}
+	observe("queued", 5*time.Second)
+	s.worker(t, "w-live")
+	observe("succeeded", 15*time.Second)
+	if !slices.Equal(seen, []string{"queued", "running", "succeeded"}) {
+		t.Errorf("the row went through %v, want queued, running, succeeded", seen)
+	}
+	if !eval[bool](t, b, `window.__notReloaded === true`) {
+		t.Error("the page was reloaded")
+	}
+
+	// Filters: state and label find it; another label does not.
+	s.f.Submit(t, &job.Request{ID: "other-1", Command: []string{"true"}, Labels: map[string]string{"team": "web"}})
+	s.f.Await(t, "other-1", 10*time.Second)
+	b.do(t, chromedp.SetValue(chromedp.ID("f-state"), "succeeded"), chromedp.SetValue(chromedp.ID("f-label"), "team=ml"),
+		chromedp.Click(chromedp.ID("f-apply")))
+	waitFor(t, "the filtered list", 10*time.Second, func() bool { return strings.Contains(b.location(t), "state=succeeded") })
+	b.do(t, chromedp.WaitVisible(chromedp.CSS(row)))
+	if b.exists(t, "#job-other-1") || b.text(t, "#total") != "1" {
+		t.Errorf("state=succeeded, label team=ml: other-1 listed or total %q", b.text(t, "#total"))
+	}
+	if loc := b.location(t); !strings.Contains(loc, "label=team%3Dml") || !strings.Contains(loc, "state=succeeded") {
+		t.Errorf("the filter is not in the URL: %s", loc)
+	}
+	b.open(t, s.url("/ui/jobs?label=team%3Dnobody"))
+	if b.exists(t, row) {
+		t.Error("label team=nobody lists the job")
+	}
+	b.open(t, s.url("/ui/jobs?state=failed"))
+	if b.exists(t, row) {
+		t.Error("state=failed lists the succeeded job")
+	}
+	b.visitAll(t, s, id)
+
+	// A traced job's page links its trace through --trace-url.
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	traced := trace.ContextWithSpanContext(context.Background(),
+		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true}))
+	if reply, err := s.f.Dispatcher.Submit(traced, []byte(`{"id": "traced-1", "command": ["true"]}`)); err != nil || reply.Rejected() {
+		t.Fatalf("submit: %+v %v", reply, err)
+	}
+	b.open(t, s.url("/ui/jobs/traced-1"))
+	if href := b.attr(t, "#trace", "href"); href != "https://jaeger.example/trace/"+tid.String() {
+		t.Errorf("the trace link: %q", href)
+	}
+}
+
+// TestConsoleCancelsARunningJob: cancel on the job's page stops a running
+// sleep 60, and the page shows cancelled.
+func TestConsoleCancelsARunningJob(t *testing.T) {
+	s := startSite(t, siteOptions{})
+	s.worker(t, "w-cancel")
+	id := s.f.Submit(t, &job.Request{ID: "sleepy", Command: []string{"sleep", "60"},
+		Env: map[string]string{"API_SECRET": "do-not-show-me"}})
+	b := newBrowser(t)
+	b.open(t, s.url("/ui/jobs/"+id))
+	waitFor(t, "running on the page", 10*time.Second, func() bool { return b.exists(t, "h1 .s-running") })
+	html := eval[string](t, b, `document.documentElement.outerHTML`)
+	if strings.Contains(html, "do-not-show-me") || !strings.Contains(html, "API_SECRET") {
+		t.Error("the job page shows an env value, or not the env's names")
+	}
+	start := time.Now()
+	eval[bool](t, b, `window.confirm = function () { return true }; true`) // the cancel button asks first
+	b.do(t, chromedp.Click(chromedp.ID("cancel")))
+	waitFor(t, "cancelled on the page", 15*time.Second, func() bool { return b.exists(t, "h1 .s-cancelled") })
+	r := s.f.Await(t, id, 10*time.Second)
+	if r.Status != job.StatusCancelled {
+		t.Errorf("the job ended %s", r.Status)
+	}
+	t.Logf("cancelled on the page %s after the click", time.Since(start).Round(time.Millisecond))
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("errors: %v", errs)
+	}
+}
+
+// TestConsoleRetriesADeadLetter: retry on the dead-letters page submits
+// the request again as ID-retry-1.
+func TestConsoleRetriesADeadLetter(t *testing.T) {
+	s := startSite(t, siteOptions{})
+	s.worker(t, "w-dlq")
+	id := s.f.Submit(t, &job.Request{ID: "doomed", Command: []string{"sh", "-c", "exit 3"}})
+	if r := s.f.Await(t, id, 15*time.Second); r.Status != job.StatusFailed {
+		t.Fatalf("the job ended %s", r.Status)
+	}
+	b := newBrowser(t)
+	b.open(t, s.url("/ui/dlq"))
+	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, "#dl-"+id) })
+	if !strings.Contains(b.text(t, "#dl-"+id), "execution/exit_code") {
+		t.Errorf("the dead letter's failure is not shown: %q", b.text(t, "#dl-"+id))
+	}
+	b.do(t, chromedp.Click(chromedp.CSS(`button[data-retry="`+id+`"]`)))
+	want := job.RetryID(id, 1)
+	waitFor(t, "the retry's page", 10*time.Second, func() bool {
+		return strings.HasSuffix(strings.SplitN(b.location(t), "?", 2)[0], "/ui/jobs/"+want)
+	})
+	if r := s.f.Await(t, want, 15*time.Second); r.Status != job.StatusFailed {
+		t.Errorf("%s ended %s, want failed as its request says", want, r.Status)
+	}
+	// The dead-letters page links the retry.
+	b.open(t, s.url("/ui/dlq"))
+	waitFor(t, "the retry linked", 5*time.Second, func() bool { return strings.Contains(b.text(t, "#dl-"+id), want) })
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("errors: %v", errs)
+	}
+}
+
+// TestConsoleRefusesWithoutAToken: with API tokens, every page, stream
+// and action is refused without one; the login form sets a session
+// cookie (HttpOnly, Secure, SameSite) that lets the browser in; an action
+// without the page's CSRF token is refused.
+func TestConsoleRefusesWithoutAToken(t *testing.T) {
+	const token = "console-test-token-0123456789"
+	s := startSite(t, siteOptions{token: token})
+	id := s.f.Submit(t, &job.Request{ID: "guarded", Command: []string{"true"}})
+	noRedirect := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	do := func(method, path, bearer string, form url.Values) *http.Response {
+		t.Helper()
+		var body *strings.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		} else {
+			body = strings.NewReader("")
+		}
+		req, _ := http.NewRequest(method, s.url(path), body)
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for _, p := range []string{"/ui/", "/ui/jobs", "/ui/jobs/" + id, "/ui/workers", "/ui/dlq", "/ui/jobs?state=queued"} {
+		if r := do("GET", p, "", nil); r.StatusCode != http.StatusSeeOther || !strings.HasPrefix(r.Header.Get("Location"), "/ui/login") {
+			t.Errorf("GET %s without a token: %d to %q, want 303 to the login", p, r.StatusCode, r.Header.Get("Location"))
+		}
+		if r := do("GET", p, "wrong-token-wrong-token", nil); r.StatusCode != http.StatusSeeOther {
+			t.Errorf("GET %s with a wrong token: %d", p, r.StatusCode)
+		}
+		if r := do("GET", p, token, nil); r.StatusCode != http.StatusOK {
+			t.Errorf("GET %s with the token: %d", p, r.StatusCode)
+		}
+	}
+	if r := do("GET", "/ui/stream?page=jobs", "", nil); r.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the stream without a token: %d", r.StatusCode)
+	}
+	for _, p := range []string{"/ui/jobs/" + id + "/cancel", "/ui/jobs/" + id + "/retry", "/ui/dlq/retry"} {
+		if r := do("POST", p, "", url.Values{"job": {id}}); r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("POST %s without a token: %d", p, r.StatusCode)
+		}
+	}
+
+	b := newBrowser(t)
+	tokenField := chromedp.CSS(`input[name="token"]`)
+	b.do(t, chromedp.Navigate(s.url("/ui/jobs/"+id)), chromedp.WaitVisible(tokenField))
+	if b.exists(t, "#live") {
+		t.Fatal("the job page shows without a token")
+	}
+	b.do(t, chromedp.SetValue(tokenField, "not-the-token-at-all"), chromedp.Submit(tokenField), chromedp.WaitVisible(chromedp.CSS(".error")))
+	b.errors() // the refused login answers 401, which the browser logs
+	b.do(t, chromedp.SetValue(tokenField, token), chromedp.Submit(tokenField), chromedp.WaitVisible(chromedp.ID("live")))
+	loc := b.location(t)
+	if !strings.HasSuffix(loc, "/ui/jobs/"+id) {
+		t.Errorf("after the login: %s, want the job's page", loc)
+	}
+	got, err := chromedp.Call(b.ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{s.url("/ui/")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var session *network.Cookie
+	for _, c := range got.Cookies {
+		if c.Name == "fleet_session" {
+			session = c
+		}
+		if strings.Contains(c.Value, token) {
+			t.Errorf("cookie %s holds the token", c.Name)
+		}
+	}
+	if session == nil || !session.HTTPOnly || !session.Secure || session.SameSite != network.CookieSameSiteStrict {
+		t.Fatalf("the session cookie: %+v", session)
+	}
+	if html := eval[string](t, b, `document.documentElement.outerHTML`); strings.Contains(html, token) || strings.Contains(loc, token) {
+		t.Error("the token is in the page or its URL")
+	}
+	b.visitAll(t, s, id)
+
+	// The cookie without the page's CSRF token does not make an action.
+	req, _ := http.NewRequest("POST", s.url("/ui/jobs/"+id+"/cancel"), strings.NewReader("csrf=forged"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.AddCookie(&http.Cookie{Name: "fleet_session", Value: session.Value})
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("an action with a forged CSRF token: %d, want 403", resp.StatusCode)
+	}
+	// Nor does a forged cookie let anyone in.
+	req, _ = http.NewRequest("GET", s.url("/ui/jobs"), nil)
+	req.AddCookie(&http.Cookie{Name: "fleet_session", Value: session.Value[:len(session.Value)-4] + "AAAA"})
+	if resp, err = noRedirect.Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Errorf("a forged session cookie: %d, want 303 to the login", resp.StatusCode)
+		}
+	}
+}
+
+// TestConsoleReadOnlyOffersAndAcceptsNoAction: a read-only console shows
+// no cancel or retry, and refuses them when posted anyway.
+func TestConsoleReadOnlyOffersAndAcceptsNoAction(t *testing.T) {
+	s := startSite(t, siteOptions{readOnly: true})
+	s.worker(t, "w-ro")
+	run := s.f.Submit(t, &job.Request{ID: "ro-running", Command: []string{"sleep", "30"}})
+	dead := s.f.Submit(t, &job.Request{ID: "ro-dead", Command: []string{"false"}})
+	s.f.Await(t, dead, 15*time.Second)
+	b := newBrowser(t)
+	b.open(t, s.url("/ui/jobs/"+run))
+	waitFor(t, "running", 10*time.Second, func() bool { return b.exists(t, "h1 .s-running") })
+	if b.exists(t, "#cancel") {
+		t.Error("a read-only console offers cancel")
+	}
+	b.open(t, s.url("/ui/dlq"))
+	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, "#dl-"+dead) })
+	if b.exists(t, "button[data-retry]") || b.exists(t, "#retry-selected") {
+		t.Error("a read-only console offers retry")
+	}
+	b.open(t, s.url("/ui/jobs/"+dead))
+	if b.exists(t, "#retry") {
+		t.Error("a read-only console offers retry on the job page")
+	}
+	// Posted anyway, with the page's own CSRF token: refused.
+	for _, p := range []string{"/ui/jobs/" + run + "/cancel", "/ui/jobs/" + dead + "/retry", "/ui/dlq/retry"} {
+		// The page's CSRF token, taken from its forms or cookie-backed value.
+		code := eval[int](t, b, fmt.Sprintf(`fetch(%q, {method: "POST", body: new URLSearchParams({job: %q, csrf: %q})}).then(r => r.status)`, p, dead, "x"))
+		if code != http.StatusForbidden {
+			t.Errorf("POST %s on a read-only console: %d, want 403", p, code)
+		}
+	}
+	b.errors()
+	if st, _, err := s.f.Dispatcher.Store().Status(context.Background(), run); err != nil || st.Job.State != job.StateRunning {
+		t.Errorf("the running job: %v %v", st, err)
+	}
+	if s.c.Index().Has(job.RetryID(dead, 1)) {
+		t.Error("a read-only console retried a dead letter")
+	}
+}
+
+// TestConsoleWorkersPageLosesAKilledWorker: a worker process SIGKILLed
+// leaves the workers page within its heartbeat TTL (and the console's
+// refresh), and shows among the recently lost with the job it held.
+func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
+	const interval = 500 * time.Millisecond
+	ttl := 3 * interval
+	rs := redistest.Start(t)
+	s := startSite(t, siteOptions{redisURL: rs.URL(), interval: interval})
+	env := []string{"FLEET_NATS_URL=" + s.f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
+	w := fleettest.StartProc(t, "worker", env, "--id", "doomed-worker", "--slots", "2", "--heartbeat-interval", interval.String())
+	w.WaitOutput(t, "worker started", 30*time.Second)
+	id := s.f.Submit(t, &job.Request{ID: "held-by-doomed", Command: []string{"sleep", "30"}})
+
+	b := newBrowser(t)
+	b.open(t, s.url("/ui/workers"))
+	row := "#worker-doomed-worker"
+	waitFor(t, "the worker on the page", 10*time.Second, func() bool { return b.exists(t, row) })
+	waitFor(t, "its job on the page", 10*time.Second, func() bool { return strings.Contains(b.text(t, row), id) })
+	b.open(t, s.url("/ui/"))
+	waitFor(t, "the pool's slots on the overview", 5*time.Second, func() bool {
+		return strings.Contains(b.text(t, `tr[data-pool="default"]`), "1 / 2")
+	})
+	b.open(t, s.url("/ui/workers"))
+	w.Kill()
+	killed := time.Now()
+	waitFor(t, "the worker to leave the page", ttl+2*time.Second, func() bool { return !b.exists(t, row) })
+	gone := time.Since(killed)
+	t.Logf("the killed worker left the page %s after the kill (heartbeat TTL %s)", gone.Round(10*time.Millisecond), ttl)
+	if gone > ttl+time.Second {
+		t.Errorf("the killed worker left the page %s after the kill: more than its TTL %s and the console's refresh", gone, ttl)
+	}
+	lost := `tr[data-lost="doomed-worker"]`
+	waitFor(t, "the worker among the recently lost", 10*time.Second, func() bool { return b.exists(t, lost) })
+	if !strings.Contains(b.text(t, lost), id) {
+		t.Errorf("the lost worker's row does not name the job it held: %q", b.text(t, lost))
+	}
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("errors: %v", errs)
+	}
+}
+
+// TestConsolesAgreeAndRebuildFromTheBucket: a console that followed jobs
+// live and one started afterwards (another dispatcher, or this one
+// restarted), which rebuilds its index from the bucket, show the same
+// counts, the same last hour and the same list.
+func TestConsolesAgreeAndRebuildFromTheBucket(t *testing.T) {
+	s := startSite(t, siteOptions{})
+	s.worker(t, "w-agree")
+	var ids []string
+	for i := range 12 {
+		cmd := "true"
+		if i%4 == 0 {
+			cmd = "exit 1"
+		}
+		ids = append(ids, s.f.Submit(t, &job.Request{ID: fmt.Sprintf("agree-%02d", i), Command: []string{"sh", "-c", cmd},
+			Labels: map[string]string{"n": fmt.Sprint(i % 3)}}))
+	}
+	for _, id := range ids {
+		s.f.Await(t, id, 20*time.Second)
+	}
+	s.f.Submit(t, &job.Request{ID: "agree-waiting", Pool: "nobody-serves-this", Command: []string{"true"}})
+
+	d := s.f.Dispatcher
+	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit,
+		Logger: fleettest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := late.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = late.Stop(context.Background()) })
+	waitFor(t, "the late console's index", 10*time.Second, late.Index().Ready)
+	summary := func(ix *console.Index) string {
+		st := ix.Stats(time.Now())
+		var b strings.Builder
+		for _, p := range st {
+			fmt.Fprintf(&b, "%s %v ok=%d failed=%d started=%d p50=%s;", p.Pool, p.ByState, p.Succeeded, p.Failed, p.Started, p.P50)
+		}
+		for _, r := range ix.List(console.Filter{}, console.Cursor{}, console.Cursor{}, 100).Rows {
+			fmt.Fprintf(&b, "%s=%s/%d ", r.ID, r.State, r.Attempt)
+		}
+		return b.String()
+	}
+	waitFor(t, "the two consoles to agree", 10*time.Second, func() bool {
+		return summary(s.c.Index()) == summary(late.Index())
+	})
+	live := s.c.Index().Stats(time.Now())[0]
+	if live.Succeeded != 9 || live.Failed != 3 || live.ByState["queued"] != 1 || live.OldestQueued.IsZero() {
+		t.Errorf("counts: %d succeeded, %d failed, %d queued in the last hour, want 9, 3, 1 and an oldest queued job",
+			live.Succeeded, live.Failed, live.ByState["queued"])
+	}
+}

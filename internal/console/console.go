@@ -1,0 +1,347 @@
+// Package console is the fleet's web console, served by the dispatcher on
+// its HTTP address under /ui/: an overview of the pools, the jobs with
+// filters, each job's detail with its live log, the workers, and the dead
+// letters, every page kept live over server-sent events.
+//
+// Everything a page counts comes from memory: an index of the jobs bucket
+// (see Index), fed by a watch of the bucket that replays every record when
+// it starts and then follows every write, so that every dispatcher shows
+// the same; the live workers, read from Redis once a second whatever the
+// number of open consoles; and the dead letters, followed on their stream.
+// A job's events, result and request are read when its page is open.
+//
+// Pages, templates and assets are embedded in the binary. Pages carry no
+// inline script and a strict Content-Security-Policy; every action is a
+// form POST with a CSRF token; see auth.go for who may see what.
+package console
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// QueueLag is a pool's consumer lag.
+type QueueLag struct {
+	Pending  uint64
+	InFlight int
+}
+
+// Config configures a Console.
+type Config struct {
+	JS    jetstream.JetStream
+	Queue queue.Config
+	// Capacity reads the workers' heartbeats and the lost workers.
+	// Optional: without it the workers page says capacity is off.
+	Capacity *capacity.Store
+	// Cancel cancels a job (the dispatcher's Cancel).
+	Cancel func(ctx context.Context, id string) (*job.CancelReply, error)
+	// Submit submits a request document (the dispatcher's Submit), for
+	// retries of dead letters.
+	Submit func(ctx context.Context, data []byte) (*job.SubmitReply, error)
+	// Lag returns each pool's consumer lag. Optional.
+	Lag func() map[string]QueueLag
+	// Auth decides who may use the console; nil leaves it open, which the
+	// dispatcher allows only on loopback.
+	Auth Auth
+	// AnyHost lets an open console (no Auth) answer requests for any host
+	// name, not only loopback ones (the dispatcher's --insecure-http).
+	AnyHost bool
+	// ReadOnly hides and refuses cancel and retry.
+	ReadOnly bool
+	// TraceURL links trace ids: {trace_id} is replaced by the id.
+	TraceURL string
+	// MaxJobs bounds the jobs the index keeps. Defaults to 500,000.
+	MaxJobs int
+	// WorkersEvery is how often the live workers are read. Defaults to
+	// half a second.
+	WorkersEvery time.Duration
+	// HeartbeatInterval is the workers' heartbeat interval, to tell how
+	// long a silent worker stays listed. Defaults to 3 seconds.
+	HeartbeatInterval time.Duration
+	Version           string
+	Logger            *slog.Logger
+}
+
+// Console serves the web console. Start it before serving.
+type Console struct {
+	cfg   Config
+	names queue.Names
+	log   *slog.Logger
+	index *Index
+	store *queue.Store
+	work  *workers
+	dead  *deadLetters
+	mux   *http.ServeMux
+	pages *pages
+	m     consoleMetrics
+
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	closing   chan struct{} // closed when open streams must end
+	closeOnce sync.Once
+}
+
+// New returns a Console; Start starts following the fleet.
+func New(cfg Config) (*Console, error) {
+	if cfg.JS == nil {
+		return nil, errors.New("console: no JetStream")
+	}
+	cfg.Queue = cfg.Queue.WithDefaults()
+	cfg.MaxJobs = cmp.Or(cfg.MaxJobs, 500_000)
+	cfg.WorkersEvery = cmp.Or(cfg.WorkersEvery, 500*time.Millisecond)
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 3*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p, err := loadPages()
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger.With("component", "console"),
+		index: NewIndex(cfg.Queue.Retention, cfg.MaxJobs), pages: p, closing: make(chan struct{})}
+	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
+	c.dead = &deadLetters{max: 5000}
+	c.m = newConsoleMetrics(c)
+	c.routes()
+	return c, nil
+}
+
+// Index returns the console's index of jobs.
+func (c *Console) Index() *Index { return c.index }
+
+// Start opens the jobs bucket and starts following it, the workers and
+// the dead letters. It does not wait for the index to be complete: pages
+// say so until it is.
+func (c *Console) Start(ctx context.Context) error {
+	store, err := queue.NewStore(ctx, c.cfg.JS, c.names)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	c.store = store
+	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.stop = cancel
+	c.wg.Add(4)
+	go func() { defer c.wg.Done(); c.follow(run) }()
+	go func() { defer c.wg.Done(); c.sweep(run) }()
+	go func() { defer c.wg.Done(); c.work.run(run) }()
+	go func() { defer c.wg.Done(); c.followDeadLetters(run) }()
+	return nil
+}
+
+// EndStreams ends the open pages' streams, which would otherwise keep an
+// HTTP server's graceful shutdown waiting (see http.Server.RegisterOnShutdown).
+// Their pages reconnect to another dispatcher, or when this one is back.
+func (c *Console) EndStreams() { c.closeOnce.Do(func() { close(c.closing) }) }
+
+// Stop stops following the fleet; open pages' streams end.
+func (c *Console) Stop(ctx context.Context) error {
+	c.EndStreams()
+	if c.stop != nil {
+		c.stop()
+	}
+	c.m.unregister()
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop console: %w", ctx.Err())
+	}
+}
+
+// follow feeds the index from the jobs bucket's stream: every key's latest
+// record first, then every write. When the feed fails (NATS went away),
+// it starts again and the replay corrects the index.
+func (c *Console) follow(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := c.watch(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("following the jobs bucket; starting again", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// watch reads the bucket's stream with an ordered consumer that pulls up
+// to a thousand records at a time. One goroutine receives them; the
+// index takes whatever has arrived in one batch, under one lock, so that
+// following a busy fleet costs its dispatcher little.
+func (c *Console) watch(ctx context.Context) error {
+	stream := "KV_" + c.names.Bucket()
+	prefix := "$KV." + c.names.Bucket() + "."
+	s, err := c.cfg.JS.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	cons, err := c.cfg.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
+	if err != nil {
+		return err
+	}
+	msgs, err := cons.Messages(jetstream.PullMaxMessages(1000))
+	if err != nil {
+		return err
+	}
+	defer msgs.Stop()
+	stop := context.AfterFunc(ctx, msgs.Stop)
+	defer stop()
+
+	c.index.BeginReplay()
+	var (
+		mu        sync.Mutex
+		pending   []Update
+		caughtUp  bool
+		failed    error
+		replaying atomic.Bool // a message's metadata is read only until the replay ends
+	)
+	replaying.Store(true)
+	wake := make(chan struct{}, 1)
+	go func() {
+		defer close(wake)
+		for {
+			m, err := msgs.Next()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+				}
+				return
+			}
+			u := Update{Key: strings.TrimPrefix(m.Subject(), prefix)}
+			last := false
+			if replaying.Load() {
+				// Replayed records may come again later; live ones come in
+				// order, and need no revision.
+				if meta, err := m.Metadata(); err == nil {
+					u.Rev, last = meta.Sequence.Stream, meta.NumPending == 0
+				}
+			}
+			switch m.Headers().Get("KV-Operation") {
+			case "DEL", "PURGE":
+				u.Deleted = true
+			default:
+				u.Data = m.Data()
+			}
+			mu.Lock()
+			pending = append(pending, u)
+			caughtUp = caughtUp || last
+			mu.Unlock()
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+
+	started, bad := time.Now(), 0
+	ready := func() {
+		if replaying.Load() {
+			replaying.Store(false)
+			c.index.EndReplay()
+			c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
+		}
+	}
+	if info.State.Msgs == 0 {
+		ready()
+	}
+	var batch []Update
+	quiet := time.NewTimer(2 * time.Second) // a replay that brings nothing more is done
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-quiet.C:
+			ready()
+			continue
+		case _, ok := <-wake:
+			if !ok {
+				mu.Lock()
+				defer mu.Unlock()
+				if failed != nil {
+					return failed
+				}
+				return errors.New("the feed ended")
+			}
+		}
+		mu.Lock()
+		batch, pending = pending, batch[:0]
+		done := caughtUp
+		mu.Unlock()
+		for _, err := range c.index.ApplyAll(batch) {
+			if bad < 10 {
+				bad++
+				c.log.Warn("a job record the console cannot read", "err", err)
+			}
+		}
+		if done {
+			ready()
+		} else if replaying.Load() {
+			quiet.Reset(2 * time.Second)
+		}
+	}
+}
+
+// sweep forgets expired jobs once a minute.
+func (c *Console) sweep(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			c.index.Sweep(now)
+		}
+	}
+}
+
+type consoleMetrics struct {
+	streams    metric.Int64UpDownCounter
+	actions    metric.Int64Counter
+	unregister func()
+}
+
+func newConsoleMetrics(c *Console) consoleMetrics {
+	m := telemetry.Meter()
+	var x consoleMetrics
+	x.streams, _ = m.Int64UpDownCounter("fleet.console.streams", metric.WithDescription("Console pages open with a live stream"))
+	x.actions, _ = m.Int64Counter("fleet.console.actions", metric.WithDescription("Cancels and retries asked from the console, by action"))
+	jobs, _ := m.Int64ObservableGauge("fleet.console.index.jobs", metric.WithDescription("Jobs in the console's index"))
+	applied, _ := m.Int64ObservableCounter("fleet.console.index.updates", metric.WithDescription("Job records the console's index has applied"))
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(jobs, int64(c.index.Len()))
+		o.ObserveInt64(applied, int64(c.index.applied.Load()))
+		return nil
+	}, jobs, applied)
+	x.unregister = func() {}
+	if err == nil {
+		x.unregister = func() { _ = reg.Unregister() }
+	}
+	return x
+}

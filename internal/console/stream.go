@@ -1,0 +1,169 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Rates a page may ask its updates at.
+const (
+	minEvery     = 500 * time.Millisecond
+	defaultEvery = time.Second
+	maxEvery     = time.Minute
+)
+
+// stream serves a page's live part as server-sent events: an event
+// "page" with the part's HTML whenever what it shows changed, at most at
+// the rate the page asks (every=1s), and at least every few seconds while
+// it shows ages. A comment keeps idle connections open.
+func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
+	q := r.URL.Query()
+	every := defaultEvery
+	if e := q.Get("every"); e != "" {
+		d, err := time.ParseDuration(e)
+		if err != nil {
+			http.Error(w, "every: a duration such as 1s", http.StatusBadRequest)
+			return
+		}
+		every = min(max(d, minEvery), maxEvery)
+	}
+	name := q.Get("page")
+	var build builder
+	var changed func() uint64
+	ctx := r.Context()
+	switch name {
+	case "overview":
+		build = c.overview
+		changed = func() uint64 { return c.index.Version() + c.workVersion() }
+	case "jobs":
+		build = c.jobs
+		changed = c.index.Version
+	case "workers":
+		build = c.workersPage
+		changed = c.workVersion
+	case "dlq":
+		build = c.dlqPage
+		changed = func() uint64 { return c.dead.versionOf() + c.index.Version() }
+	case "job":
+		id := q.Get("id")
+		tl := c.readEvents(ctx, id)
+		go c.followEvents(ctx, id, tl)
+		// The request does not change: read once, drawn on every update.
+		var req *RequestView
+		var fromDLQ, read bool
+		build = func(ctx context.Context, r *http.Request, vw *view) error {
+			if err := c.fillJob(ctx, id, tl, vw, !read); err != nil {
+				return err
+			}
+			jd := vw.Data.(*jobData)
+			if !read {
+				req, fromDLQ, read = jd.D.Request, jd.D.FromDLQ, true
+			} else {
+				jd.D.Request, jd.D.FromDLQ = req, fromDLQ
+				jd.Retry = jd.Retry || fromDLQ && (jd.D.Record.State == "failed" || jd.D.Record.State == "timed_out")
+			}
+			return nil
+		}
+		changed = func() uint64 {
+			_, rev, _ := c.index.Job(id)
+			_, _, _, tv := tl.snapshot()
+			return rev + tv<<32
+		}
+	default:
+		http.Error(w, "page: one of overview, jobs, job, workers, dlq", http.StatusBadRequest)
+		return
+	}
+	rc := http.NewResponseController(w)
+	// The server's read timeout would end the stream too: once it passes,
+	// the server takes the connection for closed.
+	_ = rc.SetReadDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	c.m.streams.Add(ctx, 1)
+	defer c.m.streams.Add(context.WithoutCancel(ctx), -1)
+
+	// The first update comes at once: the page was drawn before the stream
+	// opened, and may be a moment old.
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last, sent := ^uint64(0), time.Time{}
+	refresh := max(5*time.Second, every) // ages move even when nothing else does
+	var buf bytes.Buffer
+	for {
+		now := time.Now()
+		ver := changed()
+		if ver != last || now.Sub(sent) >= refresh {
+			vw := c.newView(name, "", v)
+			if err := build(ctx, r, vw); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				c.log.Debug("console stream", "page", name, "err", err)
+			} else {
+				buf.Reset()
+				if err := c.pages.render(&buf, name, vw); err != nil {
+					c.log.Error("console stream page", "page", name, "err", err)
+					return
+				}
+				if err := c.send(rc, w, "page", buf.Bytes(), every); err != nil {
+					return
+				}
+				last, sent = ver, now
+			}
+		} else if now.Sub(sent) >= 15*time.Second {
+			_ = rc.SetWriteDeadline(time.Now().Add(every + 10*time.Second))
+			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil || rc.Flush() != nil {
+				return
+			}
+			sent = now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.closing:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// send writes one event, its data split in lines as the format wants.
+func (c *Console) send(rc *http.ResponseController, w http.ResponseWriter, event string, data []byte, every time.Duration) error {
+	// The server's write timeout would end the stream: each write gets its
+	// own deadline.
+	_ = rc.SetWriteDeadline(time.Now().Add(every + 10*time.Second))
+	var b strings.Builder
+	b.Grow(len(data) + 64)
+	b.WriteString("event: ")
+	b.WriteString(event)
+	b.WriteByte('\n')
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		b.WriteString("data: ")
+		b.Write(bytes.TrimRight(line, "\r"))
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	if _, err := w.Write([]byte(b.String())); err != nil {
+		return err
+	}
+	return rc.Flush()
+}
+
+func (c *Console) workVersion() uint64 {
+	c.work.mu.RLock()
+	defer c.work.mu.RUnlock()
+	return c.work.version
+}
+
+func (d *deadLetters) versionOf() uint64 {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.version
+}
