@@ -130,7 +130,7 @@ func (c *Console) Index() *Index { return c.index }
 // the dead letters. It does not wait for the index to be complete: pages
 // say so until it is.
 func (c *Console) Start(ctx context.Context) error {
-	store, err := queue.NewStore(ctx, c.cfg.JS, c.names)
+	store, err := queue.NewStore(ctx, c.cfg.JS, c.names, c.log)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}

@@ -39,10 +39,10 @@ func BenchmarkConsoleFeed(b *testing.B) {
 			js, _ := jetstream.New(nc)
 			ctx := context.Background()
 			cfg := queue.Config{}
-			if err := queue.Setup(ctx, js, cfg); err != nil {
+			if err := queue.Setup(ctx, js, cfg, nil); err != nil {
 				b.Fatal(err)
 			}
-			store, err := queue.NewStore(ctx, js, cfg.Names)
+			store, err := queue.NewStore(ctx, js, cfg.Names, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
