@@ -101,6 +101,7 @@ type Dispatcher struct {
 	m     metrics
 
 	replies *replies
+	pools   sync.Map // pool → the stream of its jobs, once ensured
 	lag     *lag
 	core    *nats.Subscription
 	direct  *nats.Subscription
