@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/loop"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -102,6 +103,8 @@ type Dispatcher struct {
 
 	replies *replies
 	pools   sync.Map // pool → the stream of its jobs, once ensured
+	peers   *peers
+	leaders loop.Every // the balancer of streams' leaders
 	lag     *lag
 	core    *nats.Subscription
 	direct  *nats.Subscription
@@ -162,6 +165,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("announce the dispatcher: %w", err)
 	}
+	d.peers = p
 	d.replies.peers, d.replies.claim = p.any, claimer(intake)
 	// Every dispatcher sees the core copy of every request sent with a reply
 	// subject; the one that processes its stream copy answers it.
@@ -197,6 +201,15 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	go d.serveDirect(runCtx, directs)
 	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()
 	go func() { defer d.wg.Done(); d.watchLag(runCtx, 5*time.Second) }()
+	if d.cfg.Queue.Replicas > 1 {
+		_ = d.leaders.Start(runCtx, balanceEvery, func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, balanceEvery)
+			defer cancel()
+			if _, err := d.balance(ctx); err != nil {
+				d.log.Debug("balancing the streams' leaders", "err", err)
+			}
+		})
+	}
 	close(d.ready)
 	d.log.Info("dispatcher started", "submit", d.names.Submit())
 	return nil
@@ -229,6 +242,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
 	}
+	_ = d.leaders.Stop(ctx)
 	done := make(chan struct{})
 	go func() { d.wg.Wait(); close(done) }()
 	select {
@@ -344,6 +358,8 @@ type metrics struct {
 	submitted metric.Int64Counter
 	rejected  metric.Int64Counter
 	latency   metric.Float64Histogram
+	// leaderMoves counts the leaders of streams the balancer moved.
+	leaderMoves metric.Int64Counter
 }
 
 func newMetrics(m metric.Meter) metrics {
@@ -353,5 +369,7 @@ func newMetrics(m metric.Meter) metrics {
 	x.latency, _ = m.Float64Histogram("fleet.dispatcher.submit.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to validate, record and publish one submission"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
+	x.leaderMoves, _ = m.Int64Counter("fleet.dispatcher.stream_leaders.moved",
+		metric.WithDescription("Stream leaders moved to another server to spread them over a NATS cluster"))
 	return x
 }

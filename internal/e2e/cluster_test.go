@@ -510,7 +510,8 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, storm 
 
 // TestEachPoolHasItsOwnStream gives three pools jobs on a three-node
 // cluster: each pool's jobs are in a stream of their own, replicated on the
-// three servers, which JetStream may lead from different servers.
+// three servers, and the dispatchers spread their leaders over the servers,
+// also after every leader was moved to one.
 func TestEachPoolHasItsOwnStream(t *testing.T) {
 	fleettest.Binary(t, "worker")
 	c := natstest.RunCluster(t, 3)
@@ -572,4 +573,42 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 	if _, err := js.Stream(ctx, "FLEET_JOBS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("the shared FLEET_JOBS stream: %v, want none on a new fleet", err)
 	}
+
+	// The dispatchers spread the pools' leaders, one server each.
+	spread := func(within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for {
+			leaders := map[int]string{}
+			for _, p := range pools {
+				leaders[c.StreamLeader("FLEET_JOBS_"+p)] = p
+			}
+			if len(leaders) == 3 && leaders[-1] == "" {
+				t.Logf("pools led by %v", leaders)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the pools' jobs streams are led by %v (server: pool), not by three servers", leaders)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	spread(time.Minute)
+
+	// Move every pool's leader to one server, as a cluster may end up after
+	// restarts: the dispatchers spread them again.
+	for _, p := range pools {
+		stream := "FLEET_JOBS_" + p
+		deadline := time.Now().Add(time.Minute)
+		for c.StreamLeader(stream) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: its leader did not move to %s", stream, c.Name(0))
+			}
+			req, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": c.Name(0)}})
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, req, 5*time.Second)
+			time.Sleep(time.Second)
+		}
+	}
+	t.Logf("every pool led by %s", c.Name(0))
+	spread(time.Minute)
 }
