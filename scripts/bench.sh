@@ -174,7 +174,11 @@ stop "$wpid"
 if docker info >/dev/null 2>&1; then
 	n=${DOCKER_JOBS:-20}
 	say "docker: true in fleet-test/testprog, $n one at a time, against the bare Docker API cycle"
-	go test -run '^$' -bench 'BareDockerCycle' -benchtime "${n}x" ./internal/executor/docker/ | grep Benchmark
+	bare=$(go test -run '^$' -bench 'BareDockerCycle' -benchtime "${n}x" ./internal/executor/docker/ | awk '/^Benchmark/ {print $3}')
 	slots=1 worker docker
-	"$bin/fleetctl" bench --jobs "$n" --image fleet-test/testprog:latest --command true
+	f=$(bench --jobs "$n" --image fleet-test/testprog:latest --command true)
+	awk -v bare="$bare" -v secs="$(echo "$f" | field seconds)" -v n="$n" 'BEGIN {
+		fleet = secs * 1000 / n; raw = bare / 1e6
+		printf "fleet: %.0f ms per job; the bare Docker API cycle: %.0f ms; fleet / bare: %.2fx\n", fleet, raw, fleet / raw
+	}'
 fi
