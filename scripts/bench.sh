@@ -158,7 +158,31 @@ for r in $(seq "$rounds"); do
 	f=$(bench --jobs "$jobs" --pids "$c1,$c2,$c3,$dpid,$wpid")
 	printf 'round %s: %.0f jobs/s, %.0f µs of CPU per job\n' "$r" "$(echo "$f" | field jobs_per_second)" "$(echo "$f" | field cpu_per_job_us)"
 done
+
+say "the same cluster, paced at 1,000 jobs/s, 5,000 jobs: latency"
+"$bin/fleetctl" bench --jobs 5000 --rate 1000 --pids "$c1,$c2,$c3,$dpid,$wpid"
 stop "$wpid"
+
+say "the same cluster, $jobs no-op jobs spread over three pools (a stream each), one worker each"
+pool_workers=()
+for p in red green blue; do
+	"$bin/worker" --executor noop --slots "$slots" --id "bench-$p" --pool "$p" --data-dir "$workdir/$p" >>"$base/worker.log" 2>&1 &
+	pool_workers+=($!) pids+=($!)
+done
+for _ in $(seq 100); do
+	[ "$("$bin/fleetctl" workers 2>/dev/null | grep -c 'bench-\(red\|green\|blue\)')" = 3 ] && break
+	sleep 0.1
+done
+per=$((jobs / 3)) benches=()
+begin=$(date +%s.%N)
+for p in red green blue; do
+	bench --jobs "$per" --pool "$p" >"$base/pool-$p.json" &
+	benches+=($!)
+done
+for b in "${benches[@]}"; do wait "$b"; done
+end=$(date +%s.%N)
+printf '%d jobs in %.2f s: %.0f jobs/s\n' $((per * 3)) "$(echo "$end - $begin" | bc -l)" "$(echo "$per * 3 / ($end - $begin)" | bc -l)"
+stop "${pool_workers[@]}"
 
 say "process executor running true, $jobs jobs as fast as possible (one NATS server)"
 stop "$dpid" "$c1" "$c2" "$c3"
