@@ -300,8 +300,8 @@ func TestStoreOutputNamesItsLimits(t *testing.T) {
 		size int64
 		says string
 	}{
-		{3001, "over the limit of 3000 bytes per output (--max-output-bytes)"},
-		{2501, "over the limit of 5000 bytes together (--max-job-output-bytes"},
+		{3001, "over the limit of 3000 bytes per output (--max-artifact-bytes)"},
+		{2501, "over the limit of 5000 bytes together (--max-job-artifact-bytes"},
 	} {
 		_, err := a.StoreOutput(ctx, "more.bin", bytes.NewReader(make([]byte, tc.size)), tc.size)
 		var f *job.Failure

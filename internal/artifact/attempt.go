@@ -26,10 +26,10 @@ const (
 // Limits bound what one attempt stores and fetches.
 type Limits struct {
 	// MaxOutputBytes bounds one output stored as an object (the worker's
-	// --max-output-bytes). Defaults to DefaultMaxOutputBytes (1 GiB).
+	// --max-artifact-bytes). Defaults to DefaultMaxOutputBytes (1 GiB).
 	MaxOutputBytes int64
 	// MaxJobOutputBytes bounds an attempt's outputs stored as objects,
-	// together (--max-job-output-bytes). Defaults to
+	// together (--max-job-artifact-bytes). Defaults to
 	// DefaultMaxJobOutputBytes (4 GiB).
 	MaxJobOutputBytes int64
 	// MaxInputBytes bounds an attempt's inputs by reference, together.
@@ -156,14 +156,14 @@ func inputFailure(name, bucket, key string, err error) *job.Failure {
 func (a *Attempt) StoreOutput(ctx context.Context, name string, r io.Reader, size int64) (*job.Artifact, error) {
 	if size > a.lim.MaxOutputBytes {
 		return nil, job.Failf(job.ClassExecution, job.CodeOutputLarge,
-			"output %s is %d bytes, over the limit of %d bytes per output (--max-output-bytes)", name, size, a.lim.MaxOutputBytes)
+			"output %s is %d bytes, over the limit of %d bytes per output (--max-artifact-bytes)", name, size, a.lim.MaxOutputBytes)
 	}
 	a.mu.Lock()
 	left := a.lim.MaxJobOutputBytes - a.stored
 	if size > left {
 		a.mu.Unlock()
 		return nil, job.Failf(job.ClassExecution, job.CodeOutputLarge,
-			"outputs are over the limit of %d bytes together (--max-job-output-bytes; %s is %d bytes)", a.lim.MaxJobOutputBytes, name, size)
+			"outputs are over the limit of %d bytes together (--max-job-artifact-bytes; %s is %d bytes)", a.lim.MaxJobOutputBytes, name, size)
 	}
 	a.stored += size
 	a.mu.Unlock()
