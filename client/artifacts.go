@@ -2,17 +2,12 @@ package client
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
@@ -79,16 +74,31 @@ type Object struct {
 // Close stops reading.
 func (o *Object) Close() error { return o.close() }
 
+// Errors of the object store.
+var (
+	// ErrNoObject: the job has no such output, or its object is gone
+	// (expired with the retention); an upload's object is missing.
+	ErrNoObject = artifact.ErrNotFound
+	// ErrObjectChanged: an object's bytes differ from the digest or size
+	// its reference names.
+	ErrObjectChanged = artifact.ErrChanged
+)
+
 // Output opens a declared output of a finished job: text carried in its
 // result, or an object stored in the artifacts bucket, checked against the
-// digest and size the result names. ErrNotFound: no such job, or the job
-// has no such output.
+// digest and size the result names. ErrNotFound: no such job; ErrNoObject:
+// the job has no such output, or its object is gone.
 func (c *Client) Output(ctx context.Context, id, name string) (*Object, error) {
 	res, err := c.finished(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return OpenOutput(ctx, c.artifacts(), res, name)
+	o, err := artifact.OpenOutput(ctx, c.artifacts(), res, name)
+	if err != nil {
+		return nil, err
+	}
+	return &Object{Reader: o, Name: name, Size: o.Size, SHA256: o.SHA256, ContentType: o.ContentType, Inline: o.Inline,
+		close: o.Close}, nil
 }
 
 // finished returns a job's result; an error when it has none yet.
@@ -108,44 +118,6 @@ func (c *Client) finished(ctx context.Context, id string) (*job.Result, error) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("job %s has not finished (it is %s): its outputs come with its result", id, st.Job.State)
-}
-
-// OpenOutput opens output name of res from the fleet's object store s: for
-// the dispatcher's HTTP API and for Client.Output.
-func OpenOutput(ctx context.Context, s *artifact.Store, res *job.Result, name string) (*Object, error) {
-	if text, ok := res.Outputs[name]; ok {
-		sum := sha256.Sum256([]byte(text))
-		return &Object{Reader: strings.NewReader(text), Name: name, Size: int64(len(text)), SHA256: hex.EncodeToString(sum[:]),
-			ContentType: "text/plain; charset=utf-8", Inline: true, close: func() error { return nil }}, nil
-	}
-	a, ok := res.Artifacts[name]
-	if !ok {
-		var names []string
-		for n := range res.Outputs {
-			names = append(names, n)
-		}
-		for n := range res.Artifacts {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return nil, fmt.Errorf("%w: job %s has no output %q (it has %s)", ErrNotFound, res.JobID, name, listOrNone(names))
-	}
-	size := a.Size
-	r, err := s.Open(ctx, a.Bucket, a.Key, artifact.Expect{SHA256: a.SHA256, Size: &size})
-	if errors.Is(err, artifact.ErrNotFound) {
-		return nil, fmt.Errorf("%w: output %s of job %s: its object is gone (expired with the retention?): %w", ErrNotFound, name, res.JobID, err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("output %s of job %s: %w", name, res.JobID, err)
-	}
-	return &Object{Reader: r, Name: name, Size: a.Size, SHA256: a.SHA256, ContentType: a.ContentType, close: r.Close}, nil
-}
-
-func listOrNone(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
 }
 
 // LogOptions choose what Logs reads.
@@ -197,108 +169,6 @@ func (c *Client) Logs(ctx context.Context, id string, o LogOptions) (io.ReadClos
 	if o.Attempt > rec.Attempt && !o.Follow {
 		return nil, fmt.Errorf("%w: job %s has had %d attempts, not %d", ErrNotFound, id, rec.Attempt, o.Attempt)
 	}
-	return OpenLogs(ctx, c.artifacts(), store, id, o), nil
+	return artifact.OpenJobLog(ctx, c.artifacts(), store, id, artifact.JobLogOptions{Attempt: o.Attempt, Follow: o.Follow}), nil
 }
 
-// OpenLogs reads the logs of job id as Client.Logs does, with the job
-// store st to follow its attempts: for the dispatcher's HTTP API.
-func OpenLogs(ctx context.Context, s *artifact.Store, st *queue.Store, id string, o LogOptions) io.ReadCloser {
-	return &logStream{ctx: ctx, s: s, st: st, id: id, o: o, attempt: o.Attempt}
-}
-
-// logStream reads the log of an attempt, and when following the latest,
-// those of the attempts after it.
-type logStream struct {
-	ctx     context.Context
-	s       *artifact.Store
-	st      *queue.Store
-	id      string
-	o       LogOptions
-	attempt int // being read; 0 before the first
-	cur     *artifact.LogReader
-	done    bool
-}
-
-// poll is how often a follower looks at the job's record while it waits
-// for an attempt to start.
-const poll = 500 * time.Millisecond
-
-func (l *logStream) Read(p []byte) (int, error) {
-	for !l.done {
-		if l.cur == nil {
-			if err := l.next(); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		n, err := l.cur.Read(p)
-		if err == io.EOF {
-			_ = l.cur.Close()
-			l.cur = nil
-			if !l.o.Follow || l.o.Attempt != 0 {
-				l.done = true
-			}
-			if n > 0 {
-				return n, nil
-			}
-			continue
-		}
-		return n, err
-	}
-	return 0, io.EOF
-}
-
-// next opens the log of the next attempt to read, waiting for it to start
-// when following; it sets done when there is none.
-func (l *logStream) next() error {
-	for {
-		rec, _, err := l.st.Get(l.ctx, l.id)
-		if err != nil {
-			return fmt.Errorf("logs of %s: %w", l.id, err)
-		}
-		want := l.attempt + 1
-		switch {
-		case l.o.Attempt != 0:
-			want = l.o.Attempt
-		case l.attempt == 0:
-			want = max(rec.Attempt, 1) // the latest
-		}
-		if rec.Attempt >= want {
-			r, err := l.s.OpenLog(l.ctx, l.id, want, artifact.ReadLogOptions{Follow: l.o.Follow, Ended: l.ended(want)})
-			if err != nil {
-				return err
-			}
-			l.cur, l.attempt = r, want
-			return nil
-		}
-		if !l.o.Follow || rec.State.Final() {
-			l.done = true
-			return nil
-		}
-		select {
-		case <-l.ctx.Done():
-			return l.ctx.Err()
-		case <-time.After(poll):
-		}
-	}
-}
-
-// ended tells a follower of attempt n that it is over: the job has moved
-// on to another attempt, or ended.
-func (l *logStream) ended(n int) func(context.Context) (bool, error) {
-	return func(ctx context.Context) (bool, error) {
-		rec, _, err := l.st.Get(ctx, l.id)
-		if err != nil {
-			return false, err
-		}
-		return rec.Attempt != n || rec.State != job.StateRunning, nil
-	}
-}
-
-func (l *logStream) Close() error {
-	l.done = true
-	if l.cur != nil {
-		return l.cur.Close()
-	}
-	return nil
-}

@@ -70,6 +70,7 @@ type flags struct {
 	maxJobArts   int64
 	maxLog       int64
 	archiveLogs  bool
+	maxInputRef  int64
 	pprof        bool
 	redis        cli.RedisFlags
 	heartbeat    time.Duration
@@ -115,6 +116,7 @@ func run(args []string) error {
 	fs.Int64Var(&f.maxJobArts, "max-job-artifact-bytes", artifact.DefaultMaxJobOutputBytes, "largest total of an attempt's outputs stored as objects")
 	fs.Int64Var(&f.maxLog, "max-log-bytes", artifact.DefaultMaxLogBytes, "largest archived log of one attempt; later lines are counted, not kept")
 	fs.BoolVar(&f.archiveLogs, "archive-logs", true, "keep every line of every attempt's output in the object store")
+	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a job's inputs by reference (as the dispatchers' flag)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
 	f.redis.Register(fs, "Redis for heartbeats and slot leases")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", capacity.DefaultHeartbeatInterval, "how often the worker reports its capacity; it is forgotten after three intervals")
@@ -176,6 +178,7 @@ func run(args []string) error {
 	cfg := worker.Config{
 		ID: f.id, Pool: f.pool, Slots: f.slots, Backend: f.executor,
 		Queue:  queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
+		Limits: job.Limits{MaxInputRefBytes: f.maxInputRef},
 		Logger: log,
 	}.WithDefaults()
 	if cfg.Artifacts, cfg.ArtifactLimits, err = artifactStore(nc, &f); err != nil {

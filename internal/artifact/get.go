@@ -46,13 +46,15 @@ func (s *Store) Open(ctx context.Context, bucket, key string, want Expect) (*Rea
 	if err != nil {
 		return nil, err
 	}
-	if err := info.matches(want); err != nil {
+	if err := info.Check(want); err != nil {
 		return nil, err
 	}
 	return s.open(ctx, info)
 }
 
-func (i *Info) matches(want Expect) error {
+// Check says how the object differs from what want expects, wrapping
+// ErrChanged, or returns nil.
+func (i *Info) Check(want Expect) error {
 	if want.SHA256 != "" && want.SHA256 != i.SHA256 {
 		return fmt.Errorf("%s/%s: %w: its SHA-256 is %s, not %s", i.Bucket, i.Key, ErrChanged, i.SHA256, want.SHA256)
 	}
