@@ -208,12 +208,13 @@ func (s *Store) Stat(ctx context.Context, bucket, key string) (*Info, error) {
 }
 
 // directLast reads the last message on subject in stream with one direct
-// get (the object stores allow them), or nil when there is none.
+// get (the object stores allow them), or nil when there is none. The
+// subject is in the request's subject, so that the NATS roles can allow
+// reading a bucket's descriptions and chunks one bucket at a time.
 func (s *Store) directLast(ctx context.Context, stream, subject string) (*nats.Msg, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
 	var m *nats.Msg
 	err := queue.Retry(ctx, func(ctx context.Context) (err error) {
-		m, err = s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream, req)
+		m, err = s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream+"."+subject, nil)
 		return err
 	}, nil)
 	if err != nil {
