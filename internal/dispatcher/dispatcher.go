@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/loop"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -102,6 +103,9 @@ type Dispatcher struct {
 	m     metrics
 
 	replies *replies
+	pools   sync.Map // pool → the stream of its jobs, once ensured
+	peers   *peers
+	leaders loop.Every // the balancer of streams' leaders
 	lag     *lag
 	core    *nats.Subscription
 	direct  *nats.Subscription
@@ -165,6 +169,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("announce the dispatcher: %w", err)
 	}
+	d.peers = p
 	d.replies.peers, d.replies.claim = p.any, claimer(intake)
 	// Every dispatcher sees the core copy of every request sent with a reply
 	// subject; the one that processes its stream copy answers it.
@@ -175,11 +180,18 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	// Submissions sent to the direct subject are answered by one
 	// dispatcher of the group, at once: nothing is stored before the job.
 	directs := make(chan *nats.Msg, directBuffer)
-	d.direct, err = d.nc.ChanQueueSubscribe(d.names.SubmitDirect(), queueGroup, directs)
+	d.direct, err = d.nc.QueueSubscribe(d.names.SubmitDirect(), queueGroup, func(m *nats.Msg) {
+		select {
+		case directs <- m:
+		default:
+			// Full: the producer sends it again, rather than NATS dropping
+			// it without a word.
+			d.busy(m)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.SubmitDirect(), err)
 	}
-	_ = d.direct.SetPendingLimits(directBuffer, 256<<20)
 	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), queueGroup, d.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.AllCancels(), err)
@@ -193,6 +205,15 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	go d.serveDirect(runCtx, directs)
 	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()
 	go func() { defer d.wg.Done(); d.watchLag(runCtx, 5*time.Second) }()
+	if d.cfg.Queue.Replicas > 1 {
+		_ = d.leaders.Start(runCtx, balanceEvery, func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, balanceEvery)
+			defer cancel()
+			if _, err := d.balance(ctx); err != nil {
+				d.log.Debug("balancing the streams' leaders", "err", err)
+			}
+		})
+	}
 	close(d.ready)
 	d.log.Info("dispatcher started", "submit", d.names.Submit())
 	return nil
@@ -225,6 +246,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if d.stop != nil {
 		d.stop()
 	}
+	_ = d.leaders.Stop(ctx)
 	done := make(chan struct{})
 	go func() { d.wg.Wait(); close(done) }()
 	select {
@@ -272,7 +294,8 @@ func (d *Dispatcher) consume(ctx context.Context) {
 const queueGroup = "fleet-dispatcher"
 
 // directBuffer is how many direct submissions wait for a dispatcher's
-// goroutine; past it, NATS drops them and their producers send them again.
+// goroutine; past it, they are answered busy and their producers send them
+// again.
 const directBuffer = 16384
 
 // serveDirect answers the submissions of the direct subject, many at once.
@@ -314,9 +337,7 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 	}
 	if err != nil {
 		d.log.Warn("submission not processed; its producer will send it again", "err", err)
-		busy := nats.NewMsg(m.Reply)
-		busy.Header.Set("Status", "503")
-		_ = d.nc.PublishMsg(busy)
+		d.busy(m)
 		return
 	}
 	data, err := json.Marshal(reply)
@@ -326,10 +347,23 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 	_ = m.Respond(data)
 }
 
+// busy answers a direct submission with NATS' "no responders" status, on
+// which clients send it again at once, with its id.
+func (d *Dispatcher) busy(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	busy := nats.NewMsg(m.Reply)
+	busy.Header.Set("Status", "503")
+	_ = d.nc.PublishMsg(busy)
+}
+
 type metrics struct {
 	submitted metric.Int64Counter
 	rejected  metric.Int64Counter
 	latency   metric.Float64Histogram
+	// leaderMoves counts the leaders of streams the balancer moved.
+	leaderMoves metric.Int64Counter
 }
 
 func newMetrics(m metric.Meter) metrics {
@@ -339,5 +373,7 @@ func newMetrics(m metric.Meter) metrics {
 	x.latency, _ = m.Float64Histogram("fleet.dispatcher.submit.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to validate, record and publish one submission"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
+	x.leaderMoves, _ = m.Int64Counter("fleet.dispatcher.stream_leaders.moved",
+		metric.WithDescription("Stream leaders moved to another server to spread them over a NATS cluster"))
 	return x
 }

@@ -82,6 +82,19 @@ func (p *peers) any() bool {
 	return false
 }
 
+// first reports whether this dispatcher has the smallest id among those
+// heard from recently: it does what one dispatcher at a time should do.
+func (p *peers) first() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, at := range p.seen {
+		if time.Since(at) < 3*pingEvery && id < p.self {
+			return false
+		}
+	}
+	return true
+}
+
 // claimer returns the function that claims a reply subject in the intake
 // bucket. When the bucket cannot answer, it lets the dispatcher answer:
 // a rare answer twice is better than none.
