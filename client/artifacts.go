@@ -171,4 +171,3 @@ func (c *Client) Logs(ctx context.Context, id string, o LogOptions) (io.ReadClos
 	}
 	return artifact.OpenJobLog(ctx, c.artifacts(), store, id, artifact.JobLogOptions{Attempt: o.Attempt, Follow: o.Follow}), nil
 }
-
