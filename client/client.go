@@ -17,12 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -33,6 +35,8 @@ type Client struct {
 	js    jetstream.JetStream
 	names queue.Names
 	store *queue.Store
+	arts  *artifact.Store
+	once  sync.Once // makes arts
 }
 
 // Option configures a Client.

@@ -143,7 +143,15 @@ func (r *Result) Validate() error {
 			v.add(fmt.Sprintf("history[%d].attempt", i), "must be at least 1")
 		}
 		v.failure(fmt.Sprintf("history[%d].failure", i), a.Failure)
+		v.logInfo(fmt.Sprintf("history[%d].log", i), a.Log)
 	}
+	for _, name := range sortedArtifactKeys(r.Artifacts) {
+		v.artifact("artifacts["+truncate(name, 40)+"]", r.Artifacts[name])
+		if _, dup := r.Outputs[name]; dup {
+			v.add("artifacts", "%q is also an inline output", truncate(name, 40))
+		}
+	}
+	v.logInfo("log", r.Log)
 	return v.errAs("result")
 }
 

@@ -71,10 +71,14 @@ const (
 	CodeNodeLost          = "node_lost"          // the pod's node went away
 	CodePodFailed         = "pod_failed"         // the pod failed without an exit code
 	CodeJobDeleted        = "job_deleted"        // someone else deleted the Kubernetes Job
+	CodeOutputNotStored   = "output_not_stored"  // an output could not be written to the object store
+	CodeInputNotFetched   = "input_not_fetched"  // an input by reference could not be read from the object store
 
 	// cancelled, rejected
-	CodeCancelled = "cancelled"       // a user cancelled the job
-	CodeInvalid   = "invalid_request" // the request is not acceptable
+	CodeCancelled    = "cancelled"       // a user cancelled the job
+	CodeInvalid      = "invalid_request" // the request is not acceptable
+	CodeInputMissing = "input_missing"   // an input by reference names no object
+	CodeInputChanged = "input_changed"   // an input's object differs from its reference (digest or size)
 )
 
 // Failure describes why an attempt or a job failed. Message is for people;

@@ -68,6 +68,9 @@ type Request struct {
 	Retry    *RetryPolicy `json:"retry,omitempty"`
 	// Inputs are files, by relative name, made read-only under /fleet/inputs.
 	Inputs map[string]string `json:"inputs,omitempty"`
+	// InputRefs are inputs that are objects in the fleet's object store,
+	// by relative name, streamed into /fleet/inputs before the job runs.
+	InputRefs map[string]InputRef `json:"input_refs,omitempty"`
 	// Outputs names the files read from /fleet/outputs after the run and
 	// carried in the result.
 	Outputs []string          `json:"outputs,omitempty"`
@@ -300,6 +303,16 @@ func (r *Request) Clone() *Request {
 	c.Outputs = slices.Clone(r.Outputs)
 	c.Env = cloneMap(r.Env)
 	c.Inputs = cloneMap(r.Inputs)
+	if r.InputRefs != nil {
+		c.InputRefs = make(map[string]InputRef, len(r.InputRefs))
+		for k, ref := range r.InputRefs {
+			if ref.Size != nil {
+				n := *ref.Size
+				ref.Size = &n
+			}
+			c.InputRefs[k] = ref
+		}
+	}
 	c.Labels = cloneMap(r.Labels)
 	if r.Resources != nil {
 		res := *r.Resources

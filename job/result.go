@@ -36,6 +36,11 @@ type Result struct {
 	ExitCode *int   `json:"exit_code,omitempty"`
 	// Outputs holds each declared output file that was found, by name.
 	Outputs map[string]string `json:"outputs,omitempty"`
+	// Artifacts holds each declared output that was stored as an object
+	// instead: one too large for the result, or not UTF-8 text.
+	Artifacts map[string]Artifact `json:"artifacts,omitempty"`
+	// Log is set when the last attempt's log was truncated.
+	Log *LogInfo `json:"log,omitempty"`
 	// Stdout and Stderr are the tails of the last attempt's output.
 	Stdout     string     `json:"stdout,omitempty"`
 	Stderr     string     `json:"stderr,omitempty"`
@@ -59,4 +64,6 @@ type Attempt struct {
 	FinishedAt *time.Time `json:"finished_at,omitempty"`
 	ExitCode   *int       `json:"exit_code,omitempty"`
 	Failure    *Failure   `json:"failure,omitempty"`
+	// Log is set when the attempt's log was truncated.
+	Log *LogInfo `json:"log,omitempty"`
 }

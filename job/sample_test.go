@@ -26,11 +26,16 @@ func sampleEvent() *job.Event {
 func sampleResult() *job.Result {
 	return &job.Result{
 		JobID: "j1", Pool: "default", Status: job.StatusFailed, Attempts: 2, ExitCode: &code3,
-		Outputs: map[string]string{"a": "b"}, Stdout: "o", Stderr: "e", StartedAt: &t0, FinishedAt: t0,
+		Outputs: map[string]string{"a": "b"},
+		Artifacts: map[string]job.Artifact{"m.bin": {Bucket: "fleet-artifacts", Key: "outputs/j1/2/m.bin", Size: 3,
+			SHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", ContentType: "application/octet-stream"}},
+		Log:    &job.LogInfo{Truncated: true, Bytes: 10, Lines: 1, DroppedLines: 2, Limit: 10},
+		Stdout: "o", Stderr: "e", StartedAt: &t0, FinishedAt: t0,
 		WorkerID: "w1", Backend: "docker", Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exited with code 3"),
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", RunID: "r", NodeID: "n",
 		History: []job.Attempt{{Attempt: 1, WorkerID: "w0", StartedAt: &t0, FinishedAt: &t0, ExitCode: &code3,
-			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "lost")}},
+			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "lost"),
+			Log:     &job.LogInfo{Truncated: true, Bytes: 10, Lines: 1, DroppedLines: 2, Limit: 10}}},
 	}
 }
 

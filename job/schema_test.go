@@ -171,7 +171,10 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 // schemas: this catches a field added to a Go type but not to its schema.
 func TestGoDocumentsMatchSchemas(t *testing.T) {
 	compiled := compileSchemas(t)
-	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"}}
+	size := int64(3)
+	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"},
+		InputRefs: map[string]job.InputRef{"in.bin": {Bucket: "fleet-uploads", Key: "u/in.bin", Size: &size,
+			SHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}}}
 	r.Normalize()
 	for kind, doc := range map[string]any{
 		"request":   r,

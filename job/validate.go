@@ -12,19 +12,26 @@ import (
 // Limits bound what one request may ask for. A zero field takes its default.
 // The defaults are also the bounds written in the JSON Schema.
 type Limits struct {
-	MaxRequestBytes int           // Defaults to 512 KiB.
-	MaxInputBytes   int           // Sum of input contents. Defaults to 256 KiB.
-	MaxInputs       int           // Defaults to 64.
-	MaxOutputs      int           // Defaults to 64.
-	MaxEnv          int           // Defaults to 128 entries.
-	MaxEnvBytes     int           // Sum of keys and values. Defaults to 64 KiB.
-	MaxCommandArgs  int           // Defaults to 256.
-	MaxCommandBytes int           // Sum of arguments. Defaults to 64 KiB.
-	MaxLabels       int           // Defaults to 32.
-	MaxAttempts     int           // Defaults to 100.
-	MaxTimeout      time.Duration // Longest timeout, queue_timeout or deadline. Defaults to 7 days.
-	MaxGPU          int           // Defaults to 64.
+	MaxRequestBytes int // Defaults to 512 KiB.
+	MaxInputBytes   int // Sum of input contents. Defaults to 256 KiB.
+	MaxInputs       int // Inline and by reference together. Defaults to 64.
+	// MaxInputRefBytes bounds the sum of the sizes of a request's inputs
+	// by reference. Defaults to DefaultMaxInputRefBytes (8 GiB).
+	MaxInputRefBytes int64
+	MaxOutputs       int           // Defaults to 64.
+	MaxEnv           int           // Defaults to 128 entries.
+	MaxEnvBytes      int           // Sum of keys and values. Defaults to 64 KiB.
+	MaxCommandArgs   int           // Defaults to 256.
+	MaxCommandBytes  int           // Sum of arguments. Defaults to 64 KiB.
+	MaxLabels        int           // Defaults to 32.
+	MaxAttempts      int           // Defaults to 100.
+	MaxTimeout       time.Duration // Longest timeout, queue_timeout or deadline. Defaults to 7 days.
+	MaxGPU           int           // Defaults to 64.
 }
+
+// DefaultMaxInputRefBytes is the default bound on the sum of a request's
+// inputs by reference.
+const DefaultMaxInputRefBytes = 8 << 30
 
 // DefaultLimits are the limits used when none are configured.
 var DefaultLimits = Limits{}.WithDefaults()
@@ -49,6 +56,9 @@ func (l Limits) WithDefaults() Limits {
 	def(&l.MaxGPU, 64)
 	if l.MaxTimeout <= 0 {
 		l.MaxTimeout = 7 * 24 * time.Hour
+	}
+	if l.MaxInputRefBytes <= 0 {
+		l.MaxInputRefBytes = DefaultMaxInputRefBytes
 	}
 	return l
 }
@@ -229,6 +239,7 @@ func (r *Request) Validate(l Limits) error {
 	if n > l.MaxInputBytes {
 		v.add("inputs", "are %d bytes, over the limit of %d", n, l.MaxInputBytes)
 	}
+	v.inputRefs(r, l)
 	if len(r.Outputs) > l.MaxOutputs {
 		v.add("outputs", "has %d files, over the limit of %d", len(r.Outputs), l.MaxOutputs)
 	}

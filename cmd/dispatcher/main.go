@@ -59,6 +59,7 @@ type flags struct {
 	pprof       bool
 	redis       cli.RedisFlags
 	admission   string
+	maxInputRef int64
 	heartbeat   time.Duration
 	tokenFile   string
 	insecure    bool
@@ -84,6 +85,7 @@ func run(args []string) error {
 	fs.DurationVar(&f.retention, "retention", queue.DefaultRetention, "how long events, results and job states are kept")
 	fs.DurationVar(&f.ackWait, "ack-wait", dispatcher.DefaultAckWait, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
+	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a request's inputs by reference (give workers the same)")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
 	f.redis.Register(fs, "Redis holding the workers' heartbeats and slot leases")
 	fs.StringVar(&f.admission, "admission", monitor.AdmitReject,
@@ -204,7 +206,7 @@ func run(args []string) error {
 	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore},
-		Limits: job.Limits{MaxRequestBytes: f.maxRequest},
+		Limits: job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
 		Logger: log,
 	}
 	if admission != nil {

@@ -20,18 +20,21 @@ import (
 func init() {
 	var file string
 	var wait bool
+	var inputs inputFiles
 	commands = append(commands,
 		&command{
-			name: "submit", args: "-f FILE [--wait]",
+			name: "submit", args: "-f FILE [--input NAME=@FILE] [--wait]",
 			help: "Submit an execution request (-f - reads standard input).\n" +
 				"Prints the job id. With --wait, follows the job and exits 0 only if it succeeds;\n" +
-				"with --wait -o json, prints the result document.",
+				"with --wait -o json, prints the result document. Each --input NAME=@FILE uploads\n" +
+				"FILE to the fleet's object store first and adds it to the request's input_refs as NAME.",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&file, "f", "", "request file, or - for standard input")
 				fs.BoolVar(&wait, "wait", false, "follow the job until it ends")
+				fs.Var(&inputs, "input", "NAME=@FILE: upload FILE and give it to the job as input NAME (repeatable)")
 			},
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-				return submit(ctx, e, file, wait)
+				return submit(ctx, e, file, wait, inputs)
 			},
 		},
 		&command{
@@ -99,7 +102,7 @@ func oneID(args []string) (string, error) {
 	return args[0], nil
 }
 
-func submit(ctx context.Context, e *env, file string, wait bool) error {
+func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFiles) error {
 	if file == "" {
 		return exit(exitUsage, "submit needs -f FILE (or -f - for standard input)")
 	}
@@ -115,6 +118,9 @@ func submit(ctx context.Context, e *env, file string, wait bool) error {
 	}
 	c, err := e.client(ctx)
 	if err != nil {
+		return err
+	}
+	if data, err = withInputs(ctx, c, data, inputs); err != nil {
 		return err
 	}
 	sub, err := c.SubmitJSON(ctx, data)
@@ -261,6 +267,7 @@ func printResult(w io.Writer, r *job.Result) {
 	for _, n := range names {
 		fmt.Fprintf(w, "output %s:\n%s", n, indent(r.Outputs[n]))
 	}
+	printArtifacts(w, r)
 	if r.Stderr != "" && r.Status != job.StatusSucceeded {
 		fmt.Fprintf(w, "stderr (tail):\n%s", indent(r.Stderr))
 	}

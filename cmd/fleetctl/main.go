@@ -1,7 +1,8 @@
 // Command fleetctl submits jobs to a fleet, follows them and cancels them.
 //
-//	fleetctl submit -f job.json [--wait] [-o json]
+//	fleetctl submit -f job.json [--input NAME=@FILE] [--wait] [-o json]
 //	fleetctl status ID | watch ID | cancel ID
+//	fleetctl upload FILE [--name N] | output ID NAME [-o FILE] | logs ID [--attempt N] [--follow]
 //
 // Exit codes, for scripts: 0 success; 1 the job ended without succeeding
 // (failed, timed out, cancelled); 2 bad usage or a rejected request; 3 no
@@ -52,6 +53,8 @@ type command struct {
 	name, args, help string
 	run              func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	flags            func(fs *flag.FlagSet)
+	// fileOutput: the command's -o names a file, not the output format.
+	fileOutput bool
 }
 
 var commands []*command
@@ -85,7 +88,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	e.nats.Register(fs)
 	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
-	fs.StringVar(&e.output, "o", "text", "output format: text or json")
+	e.output = "text"
+	if !cmd.fileOutput {
+		fs.StringVar(&e.output, "o", "text", "output format: text or json")
+	}
 	fs.StringVar(&e.httpAddr, "http-addr", "127.0.0.1:8080", "the dispatcher's HTTP API (capacity and workers)")
 	fs.StringVar(&e.tokenFile, "api-token-file", "", "file holding a bearer token for the HTTP API (or set FLEET_API_TOKEN)")
 	if cmd.flags != nil {
@@ -126,7 +132,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	fmt.Fprintln(stderr, "fleetctl:", err)
-	if errors.Is(err, client.ErrNotFound) {
+	if errors.Is(err, client.ErrNotFound) || errors.Is(err, client.ErrNoObject) {
 		return exitNotFound
 	}
 	return exitFleet

@@ -21,8 +21,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/ledger"
 	"github.com/fleet-dev/fleet/internal/cli"
@@ -62,6 +65,12 @@ type flags struct {
 	keepFailed   bool
 	metricsAddr  string
 	maxOutput    int64
+	artifacts    bool
+	maxArtifact  int64
+	maxJobArts   int64
+	maxLog       int64
+	archiveLogs  bool
+	maxInputRef  int64
 	pprof        bool
 	redis        cli.RedisFlags
 	heartbeat    time.Duration
@@ -101,7 +110,13 @@ func run(args []string) error {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on shutdown, how long running attempts may finish before they are handed back")
 	fs.BoolVar(&f.keepFailed, "keep-failed", false, "keep the workspace (or container) of attempts that did not succeed")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
-	fs.Int64Var(&f.maxOutput, "max-output-bytes", workspace.DefaultMaxOutputBytes, "largest total size of an attempt's declared outputs")
+	fs.Int64Var(&f.maxOutput, "max-output-bytes", workspace.DefaultMaxOutputBytes, "declared outputs carried in the result as text, together; larger or binary outputs are stored as objects")
+	fs.BoolVar(&f.artifacts, "artifacts", true, "use the fleet's object store: inputs by reference, outputs stored as objects, archived logs")
+	fs.Int64Var(&f.maxArtifact, "max-artifact-bytes", artifact.DefaultMaxOutputBytes, "largest output stored as an object")
+	fs.Int64Var(&f.maxJobArts, "max-job-artifact-bytes", artifact.DefaultMaxJobOutputBytes, "largest total of an attempt's outputs stored as objects")
+	fs.Int64Var(&f.maxLog, "max-log-bytes", artifact.DefaultMaxLogBytes, "largest archived log of one attempt; later lines are counted, not kept")
+	fs.BoolVar(&f.archiveLogs, "archive-logs", true, "keep every line of every attempt's output in the object store")
+	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a job's inputs by reference (as the dispatchers' flag)")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
 	f.redis.Register(fs, "Redis for heartbeats and slot leases")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", capacity.DefaultHeartbeatInterval, "how often the worker reports its capacity; it is forgotten after three intervals")
@@ -163,8 +178,12 @@ func run(args []string) error {
 	cfg := worker.Config{
 		ID: f.id, Pool: f.pool, Slots: f.slots, Backend: f.executor,
 		Queue:  queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
+		Limits: job.Limits{MaxInputRefBytes: f.maxInputRef},
 		Logger: log,
 	}.WithDefaults()
+	if cfg.Artifacts, cfg.ArtifactLimits, err = artifactStore(nc, &f); err != nil {
+		return err
+	}
 	var w *worker.Worker
 	var led *ledger.Ledger
 	if f.redis.URL != "" {
@@ -333,6 +352,25 @@ func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (executor.Exec
 		return e, func() { _ = e.Close() }, nil
 	}
 	return nil, nothing, fmt.Errorf("--executor %q: use process, docker, kubernetes or noop", f.executor)
+}
+
+// artifactStore is the fleet's object store and its limits, unless
+// --artifacts is off.
+func artifactStore(nc *nats.Conn, f *flags) (*artifact.Store, artifact.Limits, error) {
+	lim := artifact.Limits{MaxOutputBytes: f.maxArtifact, MaxJobOutputBytes: f.maxJobArts, MaxLogBytes: f.maxLog}
+	switch {
+	case !f.artifacts:
+		return nil, lim, nil
+	case f.maxArtifact <= 0 || f.maxJobArts <= 0 || f.maxLog <= 0:
+		return nil, lim, errors.New("--max-artifact-bytes, --max-job-artifact-bytes and --max-log-bytes must be positive")
+	case !f.archiveLogs:
+		lim.MaxLogBytes = -1
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, lim, fmt.Errorf("jetstream: %w", err)
+	}
+	return artifact.New(js, artifact.Config{Names: queue.Names{Prefix: f.prefix}}), lim, nil
 }
 
 func splitList(s string) []string {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/loop"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -133,6 +134,9 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		ready: make(chan struct{}),
 		lag:   &lag{pending: map[string]uint64{}, inFlight: map[string]int{}},
 	}
+	// Inputs by reference are checked against the object store first.
+	d.cfg.Admission = inputCheck{s: artifact.New(js, artifact.Config{Names: cfg.Queue.Names}),
+		limit: cfg.Limits.MaxInputRefBytes, next: cfg.Admission}
 	d.m = newMetrics(telemetry.Meter())
 	d.replies = newReplies(nc)
 	return d, nil

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -18,6 +20,8 @@ import (
 //	POST /v1/jobs               submit a request (the body is the request)
 //	GET  /v1/jobs/{id}          a job's state and, once it has one, its result
 //	POST /v1/jobs/{id}/cancel   cancel a job
+//	GET  /v1/jobs/{id}/outputs/{name}   a declared output (see serveArtifacts)
+//	GET  /v1/jobs/{id}/logs     an attempt's log
 //	GET  /healthz               the process is up
 //	GET  /readyz                the dispatcher can take submissions
 //
@@ -26,6 +30,9 @@ import (
 type API struct {
 	d   *Dispatcher
 	mux *http.ServeMux
+
+	arts     *artifact.Store // made on first use
+	artsOnce sync.Once
 }
 
 // NewAPI returns the API of d.
@@ -34,6 +41,7 @@ func NewAPI(d *Dispatcher) *API {
 	a.mux.HandleFunc("POST /v1/jobs", a.submit)
 	a.mux.HandleFunc("GET /v1/jobs/{id}", a.status)
 	a.mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.cancel)
+	a.serveArtifacts()
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -40,6 +40,10 @@ type Task struct {
 	Request *job.Request
 	// Report receives what the attempt says while it runs.
 	Report Reporter
+	// Artifacts fetches the inputs by reference and stores the outputs
+	// that do not fit in the result; nil when the worker has no object
+	// store. See NewWorkspace and CollectOutputs.
+	Artifacts Artifacts
 }
 
 // Reporter receives output and progress from a running attempt. Its methods
@@ -59,8 +63,15 @@ type Outcome struct {
 	ExitCode *int
 	// Failure is nil when the attempt succeeded.
 	Failure *job.Failure
-	// Outputs holds the declared outputs that were found, by name.
+	// Outputs holds the declared outputs that were found and carried
+	// inline, by name.
 	Outputs map[string]string
+	// Artifacts holds the declared outputs that were found and stored as
+	// objects, by name.
+	Artifacts map[string]job.Artifact
+	// Log describes the attempt's archived log when it was truncated; the
+	// worker sets it.
+	Log *job.LogInfo
 	// Stdout and Stderr are the tails of the attempt's output.
 	Stdout, Stderr        string
 	StartedAt, FinishedAt time.Time

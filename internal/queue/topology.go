@@ -131,7 +131,8 @@ func (c Config) KeyValue() jetstream.KeyValueConfig {
 	}
 }
 
-// Setup creates or updates the streams and the buckets. It is idempotent
+// Setup creates or updates the streams and the buckets (key-value and
+// object stores). It is idempotent
 // and safe to run from several dispatchers at once, and it waits (logging
 // why to log) while the cluster elects its leaders; it fails at once on what
 // waiting cannot fix, such as replicas a single server cannot hold, or
@@ -183,6 +184,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 				return err
 			}); err != nil {
 				return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
+			}
+			return nil
+		})
+	}
+	for _, oc := range c.ObjectStores() {
+		run(func() error {
+			if err := retry(ctx, js, log, "bucket "+oc.Bucket, func(ctx context.Context) error {
+				_, err := js.CreateOrUpdateObjectStore(ctx, oc)
+				return err
+			}); err != nil {
+				return fmt.Errorf("create bucket %s: %w", oc.Bucket, err)
 			}
 			return nil
 		})

@@ -243,6 +243,34 @@ func TestRolesAreConfined(t *testing.T) {
 		refused(t, s, work, subj)
 	})
 
+	t.Run("each role writes only its own bucket", func(t *testing.T) {
+		// Producers upload inputs, workers store outputs and logs: neither
+		// may write, purge or drop the other's bucket; producers may not
+		// read the uploads (each other's inputs).
+		for _, tc := range []struct {
+			c       *conn
+			subject string
+		}{
+			{prod, "$O.fleet-artifacts.M.b3V0cHV0cy9qMS8xL291dA=="},
+			{prod, "$O.fleet-artifacts.C.forged"},
+			{work, "$O.fleet-uploads.M.aW4uYmlu"},
+			{work, "$O.fleet-uploads.C.forged"},
+		} {
+			if err := tc.c.Publish(tc.subject, []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			refused(t, s, tc.c, tc.subject)
+		}
+		jsRequest(t, s, prod, "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts", nil)
+		jsRequest(t, s, work, "$JS.API.STREAM.PURGE.OBJ_fleet-uploads", nil)
+		jsRequest(t, s, prod, "$JS.API.DIRECT.GET.OBJ_fleet-uploads.$O.fleet-uploads.M.aW4uYmlu", nil)
+		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.OBJ_fleet-uploads.peek.$O.fleet-uploads.C.>", nil)
+		for _, c := range []*conn{prod, work} {
+			jsRequest(t, s, c, "$JS.API.STREAM.DELETE.OBJ_fleet-artifacts", nil)
+			jsRequest(t, s, c, "$JS.API.STREAM.UPDATE.OBJ_fleet-uploads", nil)
+		}
+	})
+
 	t.Run("the dispatcher cannot take jobs", func(t *testing.T) {
 		jsRequest(t, s, disp, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_default.jobs-default", map[string]any{"batch": 1})
 		jsRequest(t, s, disp, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_default.jobs-default.fleet.jobs.default", nil)

@@ -1,17 +1,25 @@
 package security_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/console"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor"
@@ -75,10 +83,15 @@ func (f *fleet) startDispatcher(t *testing.T, c *conn) *dispatcher.Dispatcher {
 // startWorker starts a worker of pool "default" on a worker's connection.
 func (f *fleet) startWorker(t *testing.T, c *conn, id string) *worker.Worker {
 	t.Helper()
+	js, err := jetstream.New(c.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w, err := worker.New(c.Conn, testExecutor{}, worker.Config{ID: id, Pool: "default", Slots: 4,
 		Backend: "process", Queue: f.queueCfg, FetchWait: 500 * time.Millisecond,
-		Retry:  func(*job.RetryPolicy, int) time.Duration { return 50 * time.Millisecond },
-		Logger: fleettest.Logger(t)})
+		Artifacts: artifact.New(js, artifact.Config{Names: f.queueCfg.Names}),
+		Retry:     func(*job.RetryPolicy, int) time.Duration { return 50 * time.Millisecond },
+		Logger:    fleettest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +139,8 @@ func (testExecutor) Run(ctx context.Context, task *executor.Task) (*executor.Out
 		task.Report.Phase("running", "waiting to be cancelled")
 		<-ctx.Done()
 		return executor.CancelledOutcome(ctx, start), nil
+	case "files":
+		return filesJob(ctx, task, start)
 	}
 	return nil, errors.New("unknown command")
 }
@@ -373,6 +388,73 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 	})
 
+	t.Run("moves files through the object store", func(t *testing.T) {
+		// The producer uploads an input; the dispatcher checks it at
+		// admission; the worker fetches it, stores an output and archives
+		// the log; the producer reads both, directly and over HTTP
+		// through the dispatcher.
+		data := bytes.Repeat([]byte("fleet\x00\xff"), 40_000)
+		ref, err := f.client.Upload(ctx, "security/in.bin", bytes.NewReader(data))
+		if err != nil {
+			t.Fatalf("upload: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		id := f.submit(t, &job.Request{Command: []string{"files"}, Outputs: []string{"out.bin"},
+			InputRefs: map[string]job.InputRef{"in.bin": *ref}})
+		r := f.result(t, id)
+		if r.Status != job.StatusSucceeded || r.Artifacts["out.bin"].SHA256 != ref.SHA256 {
+			t.Fatalf("result: %+v", r)
+		}
+		o, err := f.client.Output(ctx, id, "out.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(o)
+		o.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("output: %d bytes, %v", len(got), err)
+		}
+		lr, err := f.client.Logs(ctx, id, client.LogOptions{Follow: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := io.ReadAll(lr)
+		lr.Close()
+		if err != nil || !strings.Contains(string(lines), " stdout fetched 280000 bytes\n") {
+			t.Fatalf("logs: %q, %v", lines, err)
+		}
+		api := httptest.NewServer(dispatcher.NewAPI(f.d))
+		defer api.Close()
+		for _, path := range []string{"/v1/jobs/" + id + "/outputs/out.bin", "/v1/jobs/" + id + "/logs"} {
+			resp, err := http.Get(api.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || len(body) == 0 {
+				t.Fatalf("GET %s: %s %.200s", path, resp.Status, body)
+			}
+		}
+		// An output of one job is the input of the next.
+		art := r.Artifacts["out.bin"]
+		next := f.submit(t, &job.Request{Command: []string{"files"}, Outputs: []string{"out.bin"},
+			InputRefs: map[string]job.InputRef{"in.bin": {Bucket: art.Bucket, Key: art.Key, SHA256: art.SHA256}}})
+		if r := f.result(t, next); r.Status != job.StatusSucceeded || r.Artifacts["out.bin"].SHA256 != ref.SHA256 {
+			t.Fatalf("a job reading another's output: %+v", r)
+		}
+		// An upload that fails is purged.
+		if _, err := f.client.Upload(ctx, "security/broken.bin", io.MultiReader(bytes.NewReader(data), iotest.ErrReader(errors.New("disk gone")))); err == nil {
+			t.Fatal("an upload from a failing reader succeeded")
+		}
+		missing := *ref
+		missing.Key = "security/never.bin"
+		_, err = f.client.Submit(ctx, &job.Request{Command: []string{"files"}, InputRefs: map[string]job.InputRef{"in.bin": missing}})
+		var rej *client.RejectedError
+		if !errors.As(err, &rej) || !strings.Contains(rej.Reason, "no object security/never.bin") {
+			t.Fatalf("a missing input: %v", err)
+		}
+	})
+
 	t.Run("restarted processes find what exists", func(t *testing.T) {
 		// A second dispatcher updates the streams, bucket and consumer the
 		// first one created; a second worker updates its pool's consumer.
@@ -388,4 +470,44 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 	})
 
 	f.noViolations(t)
+}
+
+// filesJob fetches the task's inputs by reference, logs, and stores its
+// input back as output out.bin, as an executor does through the worker's
+// object store.
+func filesJob(ctx context.Context, task *executor.Task, start time.Time) (*executor.Outcome, error) {
+	dir, err := os.MkdirTemp("", "fleet-security-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := task.Artifacts.FetchInputs(ctx, dir); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(dir, "in.bin"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	task.Report.Log("stdout", fmt.Sprintf("fetched %d bytes", fi.Size()))
+	// An output whose file fails half way is not stored, and its chunks
+	// are purged.
+	broken := io.MultiReader(io.LimitReader(f, fi.Size()/2), iotest.ErrReader(errors.New("disk gone")))
+	if _, err := task.Artifacts.StoreOutput(ctx, "broken.bin", broken, fi.Size()); err == nil {
+		return nil, errors.New("an output read from a failing file was stored")
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	a, err := task.Artifacts.StoreOutput(ctx, "out.bin", f, fi.Size())
+	if err != nil {
+		return nil, err
+	}
+	out := executor.Succeeded(start, nil)
+	out.Artifacts = map[string]job.Artifact{"out.bin": *a}
+	return out, nil
 }

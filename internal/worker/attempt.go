@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -52,6 +53,8 @@ type attempt struct {
 
 	releaseLease func() // gives the attempt's capacity lease back; nil without one
 	slotFreed    bool
+
+	arts *artifact.Attempt // its files in the object store; nil without one
 }
 
 // freeSlot gives the delivery's slot and capacity lease back to the worker,
@@ -278,7 +281,8 @@ func (a *attempt) run(ctx context.Context, act action) error {
 		}
 	}
 	stopProgress := a.progress()
-	out, err := w.exec.Run(a.ctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a})
+	out, err := w.exec.Run(a.ctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: a,
+		Artifacts: a.openArtifacts()})
 	stopProgress()
 	a.freeSlot()
 
@@ -300,6 +304,7 @@ func (a *attempt) run(ctx context.Context, act action) error {
 	s := a.situation()
 	s.outcome, s.deadlineBound = out, deadlineBound
 	s.handedBack = errors.Is(context.Cause(a.ctx), executor.ErrHandBack)
+	a.closeArtifacts(ctx, out, s.handedBack)
 	return a.settle(ctx, decide(s))
 }
 
@@ -452,7 +457,7 @@ func (a *attempt) resultOf(out *executor.Outcome, attempts int) *job.Result {
 	}
 	res := &job.Result{
 		JobID: a.id, Pool: w.cfg.Pool, Status: out.Status, Attempts: attempts, ExitCode: out.ExitCode,
-		Outputs: out.Outputs, Stdout: out.Stdout, Stderr: out.Stderr, FinishedAt: out.FinishedAt,
+		Outputs: out.Outputs, Artifacts: out.Artifacts, Log: out.Log, Stdout: out.Stdout, Stderr: out.Stderr, FinishedAt: out.FinishedAt,
 		Failure: out.Failure, TraceID: telemetry.TraceID(a.ctx), RunID: a.req.RunID, NodeID: a.req.NodeID,
 		History: rec.History,
 	}
@@ -599,7 +604,7 @@ func (a *attempt) newRecord() *job.Record {
 }
 
 func attemptSummary(n int, worker string, out *executor.Outcome) job.Attempt {
-	s := job.Attempt{Attempt: n, WorkerID: worker, ExitCode: out.ExitCode, Failure: out.Failure}
+	s := job.Attempt{Attempt: n, WorkerID: worker, ExitCode: out.ExitCode, Failure: out.Failure, Log: out.Log}
 	if !out.StartedAt.IsZero() {
 		t := out.StartedAt
 		s.StartedAt = &t

@@ -40,8 +40,13 @@ func (a *attempt) progress() (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// Log implements Reporter: a bounded number of log events per attempt.
+// Log implements Reporter: every line goes to the attempt's archived log
+// (when the worker has an object store), and a bounded number of them to
+// log events.
 func (a *attempt) Log(stream, line string) {
+	if a.arts != nil {
+		a.arts.Log(stream, line)
+	}
 	a.logMu.Lock()
 	a.logs++
 	n := a.logs

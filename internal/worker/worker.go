@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -67,6 +68,14 @@ type Config struct {
 	// Capacity, when set, accounts slots and resources outside the worker
 	// (see package capacity). Defaults to local accounting only.
 	Capacity Capacity
+	// Artifacts, when set, is the fleet's object store: attempts fetch
+	// their inputs by reference from it, store there the outputs that do
+	// not fit in the result, and archive every line of their output in it.
+	// Without it, none of those: inputs by reference fail, and outputs must
+	// fit in the result.
+	Artifacts *artifact.Store
+	// ArtifactLimits bound what an attempt stores (see artifact.Limits).
+	ArtifactLimits artifact.Limits
 	// Retry computes the delay before the next attempt. Defaults to
 	// BackoffDelay.
 	Retry  RetryDelayFunc

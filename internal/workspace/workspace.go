@@ -56,6 +56,14 @@ type Dir struct {
 // writes the inputs into it, read-only. Outputs and work are writable by
 // any user, so that a container running as another user can use them.
 func Create(base, jobID string, attempt int, inputs map[string]string) (*Dir, error) {
+	return CreateWith(base, jobID, attempt, inputs, nil)
+}
+
+// CreateWith is Create, and fill, when not nil, writes more inputs into the
+// inputs folder (its argument) before they are made read-only: the inputs
+// by reference. When fill fails, the workspace is removed and its error
+// returned as it is.
+func CreateWith(base, jobID string, attempt int, inputs map[string]string, fill func(inputs string) error) (*Dir, error) {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	root := filepath.Join(base, jobID+"-"+strconv.Itoa(attempt)+"-"+hex.EncodeToString(rnd[:]))
@@ -85,6 +93,12 @@ func Create(base, jobID string, attempt int, inputs map[string]string) (*Dir, er
 		}
 		if err := os.WriteFile(p, []byte(content), 0o444); err != nil {
 			return nil, fmt.Errorf("write input %s: %w", name, err)
+		}
+	}
+	if fill != nil {
+		if err := fill(d.Inputs); err != nil {
+			_ = d.Remove()
+			return nil, err
 		}
 	}
 	// Make the inputs read-only, folders included.

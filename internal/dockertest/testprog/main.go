@@ -8,6 +8,9 @@
 //	copy SRC DST     copy file SRC to DST
 //	write PATH TEXT  write TEXT to file PATH
 //	fill PATH BYTES  write BYTES bytes to file PATH
+//	random PATH BYTES SEED  write BYTES pseudo-random bytes to file PATH:
+//	                 ChaCha8 keyed with the SHA-256 of SEED (see RandomBytes)
+//	lines N          print N lines on stdout: "line 1" to "line N"
 //	env NAME         print the value of NAME, or "<unset>"
 //	env-to NAME PATH write the value of NAME, or "<unset>", to file PATH
 //	pwd-to PATH      write the working directory to file PATH
@@ -29,8 +32,10 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -62,7 +67,7 @@ func main() {
 var arity = map[string]int{
 	"echo": 1, "stderr": 1, "copy": 2, "write": 2, "fill": 2, "env": 1, "self": 0,
 	"ignore-term": 0, "alloc": 1, "sleep": 1, "exit": 1,
-	"env-to": 2, "pwd-to": 1, "writable": 2, "spawn": 1,
+	"env-to": 2, "pwd-to": 1, "writable": 2, "spawn": 1, "random": 3, "lines": 1,
 }
 
 func step(verb string, a []string) {
@@ -83,6 +88,21 @@ func step(verb string, a []string) {
 		_, err = io.CopyN(f, zeros{}, number(a[1]))
 		check(err)
 		check(f.Close())
+	case "random":
+		f, err := os.Create(os.ExpandEnv(a[0]))
+		check(err)
+		w := bufio.NewWriterSize(f, 1<<20)
+		_, err = io.CopyN(w, randomBytes(a[2]), number(a[1]))
+		check(err)
+		check(w.Flush())
+		check(f.Close())
+	case "lines":
+		w := bufio.NewWriterSize(os.Stdout, 64<<10)
+		for i := int64(1); i <= number(a[0]); i++ {
+			_, err := fmt.Fprintf(w, "line %d\n", i)
+			check(err)
+		}
+		check(w.Flush())
 	case "env":
 		v, ok := os.LookupEnv(a[0])
 		if !ok {
@@ -140,6 +160,12 @@ func step(verb string, a []string) {
 	case "exit":
 		os.Exit(int(number(a[0])))
 	}
+}
+
+// randomBytes is the stream of the random step: ChaCha8 keyed with the
+// SHA-256 of seed, which a test can compute again.
+func randomBytes(seed string) io.Reader {
+	return rand.NewChaCha8(sha256.Sum256([]byte(seed)))
 }
 
 type zeros struct{}

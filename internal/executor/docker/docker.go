@@ -233,7 +233,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	if err != nil {
 		return nil, err
 	}
-	dir, err := e.workspace(t)
+	dir, err := e.workspace(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -305,9 +305,9 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}
 	endRun(x.err)
 	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
-	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	outputs, artifacts, ofail := executor.CollectOutputs(ctx, t, dir, e.cfg.Outputs)
 	endCollect(failErr(ofail))
-	out.Outputs = outputs
+	out.Outputs, out.Artifacts = outputs, artifacts
 	switch {
 	case stopped != nil:
 		out.Status, out.Failure = executor.StatusOf(stopped), stopped
@@ -333,8 +333,8 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 // workspace creates the attempt's workspace, with its workdir when that is
 // under /fleet/work: made here, the container's user can write to it; made
 // by the daemon, it would be root's.
-func (e *Executor) workspace(t *executor.Task) (*workspace.Dir, error) {
-	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, t.Request.Inputs)
+func (e *Executor) workspace(ctx context.Context, t *executor.Task) (*workspace.Dir, error) {
+	dir, err := executor.NewWorkspace(ctx, t, e.cfg.Dir, t.Request.Inputs)
 	if err != nil {
 		return nil, err
 	}

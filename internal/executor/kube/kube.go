@@ -236,6 +236,9 @@ func (e *Executor) Validate(r *job.Request) error {
 	if len(r.Outputs) > 0 && e.cfg.SharedPVC == "" {
 		problems = append(problems, "it declares outputs, but the workers of this pool have no shared volume to collect them from (the worker's --shared-pvc is unset)")
 	}
+	if len(r.InputRefs) > 0 && e.cfg.SharedPVC == "" {
+		problems = append(problems, "it has inputs by reference, but the workers of this pool have no shared volume to pass them through (the worker's --shared-pvc is unset)")
+	}
 	if res := r.Resources; res != nil {
 		if res.CPU != "" && res.CPUMilli() <= 0 {
 			problems = append(problems, "resources.cpu must be more than zero")

@@ -57,9 +57,9 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 	subPath := ""
 	if e.cfg.SharedPVC != "" {
 		var err error
-		dir, err = workspace.Create(filepath.Join(e.cfg.SharedDir, labelValue(t.WorkerID)), t.JobID, t.Attempt, nil)
+		dir, err = sharedWorkspace(ctx, t, req, filepath.Join(e.cfg.SharedDir, labelValue(t.WorkerID)))
 		if err != nil {
-			return nil, fmt.Errorf("outputs folder on the shared volume: %w", err)
+			return nil, err
 		}
 		defer func() { _ = dir.Remove() }()
 		rel, err := filepath.Rel(e.cfg.SharedDir, dir.Outputs)
@@ -70,7 +70,13 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 	}
 
 	_, endCreate := telemetry.Step(ctx, "fleet.job.create")
-	err := a.submit(ctx, e.cfg.build(t, req, a.name, subPath))
+	s := e.cfg.build(t, req, a.name, subPath)
+	if dir != nil && len(req.InputRefs) > 0 {
+		if err := s.inputsOnSharedVolume(e.cfg.SharedPVC, e.cfg.SharedDir, dir); err != nil {
+			return nil, err
+		}
+	}
+	err := a.submit(ctx, s)
 	endCreate(err)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -90,13 +96,13 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 		StartedAt: started, Stdout: a.stdout.Tail()}
 	if dir != nil {
 		_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
-		outputs, fail := dir.Collect(req.Outputs, e.cfg.Outputs)
+		outputs, artifacts, fail := executor.CollectOutputs(ctx, t, dir, e.cfg.Outputs)
 		if fail != nil {
 			endCollect(fail)
 		} else {
 			endCollect(nil)
 		}
-		out.Outputs = outputs
+		out.Outputs, out.Artifacts = outputs, artifacts
 		if out.Status == job.StatusSucceeded && fail != nil {
 			out.Status, out.Failure = job.StatusFailed, fail
 		}

@@ -102,7 +102,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	if err := e.Validate(req); err != nil {
 		return nil, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", err)
 	}
-	dir, err := workspace.Create(e.cfg.Dir, t.JobID, t.Attempt, req.Inputs)
+	dir, err := executor.NewWorkspace(ctx, t, e.cfg.Dir, req.Inputs)
 	if err != nil {
 		return nil, err
 	}
@@ -158,13 +158,13 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	code, signaled := exitCode(cmd.ProcessState, waitErr)
 	out.ExitCode = &code
 	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
-	outputs, ofail := dir.Collect(req.Outputs, e.cfg.Outputs)
+	outputs, artifacts, ofail := executor.CollectOutputs(ctx, t, dir, e.cfg.Outputs)
 	if ofail != nil {
 		endCollect(ofail)
 	} else {
 		endCollect(nil)
 	}
-	out.Outputs = outputs
+	out.Outputs, out.Artifacts = outputs, artifacts
 	switch {
 	case stopped != nil:
 		out.Status, out.Failure = executor.StatusOf(stopped), stopped

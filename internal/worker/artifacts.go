@@ -1,0 +1,55 @@
+package worker
+
+import (
+	"context"
+
+	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/executor"
+)
+
+// An attempt's files in the object store: the worker hands the executor
+// what fetches its inputs by reference and stores its large or binary
+// outputs (both while its workspace exists), and archives every line the
+// executor reports (see Log) into the attempt's log, which it closes once
+// the executor is done, before the attempt settles: the log is whole when
+// the result is published.
+
+// openArtifacts prepares the attempt's files; nil when the worker has no
+// object store.
+func (a *attempt) openArtifacts() executor.Artifacts {
+	w := a.w
+	if w.cfg.Artifacts == nil {
+		return nil
+	}
+	lim := w.cfg.ArtifactLimits
+	if lim.MaxInputBytes == 0 {
+		lim.MaxInputBytes = w.cfg.Limits.MaxInputRefBytes
+	}
+	a.arts = w.cfg.Artifacts.Attempt(a.id, a.n, a.req, artifact.AttemptOptions{Limits: lim, LogContext: w.settling,
+		// A job handed back runs again under the same attempt number.
+		Rerun: a.rec.Handbacks > 0})
+	return a.arts
+}
+
+// closeArtifacts completes the attempt's log, and notes in out when it was
+// truncated; a log that cannot be stored whole is a warning, not the
+// job's failure. The log of an attempt handed back is dropped: the
+// attempt runs again under its number.
+func (a *attempt) closeArtifacts(ctx context.Context, out *executor.Outcome, handedBack bool) {
+	if a.arts == nil {
+		return
+	}
+	if handedBack {
+		if err := a.arts.AbortLog(ctx); err != nil {
+			a.log.Warn("the log of the handed-back attempt was not dropped", "err", err)
+		}
+		return
+	}
+	info, err := a.arts.CloseLog(ctx)
+	if err != nil {
+		a.log.Warn("the attempt's log was not stored whole", "err", err)
+	}
+	if out != nil {
+		out.Log = info
+	}
+}
