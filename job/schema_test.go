@@ -171,7 +171,9 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 // schemas: this catches a field added to a Go type but not to its schema.
 func TestGoDocumentsMatchSchemas(t *testing.T) {
 	compiled := compileSchemas(t)
-	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"}}
+	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"},
+		Resources: &job.Resources{GPU: 1, GPUModel: "H100"}, Persist: &job.Persist{Enabled: true, Size: "1Gi"},
+		Placement: &job.Placement{NodeSelector: map[string]string{"zone": "a"}}}
 	r.Normalize()
 	for kind, doc := range map[string]any{
 		"request":   r,
