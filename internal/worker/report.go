@@ -21,6 +21,7 @@ func (a *attempt) progress() (stop func()) {
 		defer wg.Done()
 		t := time.NewTicker(a.w.cfg.Progress)
 		defer t.Stop()
+		nextUsage := time.Now().Add(a.w.cfg.UsageInterval)
 		for {
 			select {
 			case <-done:
@@ -33,7 +34,18 @@ func (a *attempt) progress() (stop func()) {
 				a.hbSeq++
 				seq := a.hbSeq
 				a.logMu.Unlock()
-				a.eventSeq(job.EventHeartbeat, seq, nil)
+				// Every UsageInterval the heartbeat carries what the
+				// attempt uses, when the executor can read it.
+				var u *job.Usage
+				if now := time.Now(); a.w.cfg.Usage != nil && !now.Before(nextUsage) {
+					nextUsage = now.Add(a.w.cfg.UsageInterval)
+					u = a.w.cfg.Usage.Of(a.ctx, a.id, a.n)
+				}
+				if u == nil {
+					a.eventSeq(job.EventHeartbeat, seq, nil)
+					continue
+				}
+				a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
 			}
 		}
 	}()
