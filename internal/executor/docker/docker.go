@@ -187,9 +187,9 @@ type Executor struct {
 }
 
 var (
-	_ executor.Executor       = (*Executor)(nil)
-	_ executor.Validator      = (*Executor)(nil)
-	_ executor.Recoverer      = (*Executor)(nil)
+	_ executor.Executor        = (*Executor)(nil)
+	_ executor.Validator       = (*Executor)(nil)
+	_ executor.Recoverer       = (*Executor)(nil)
 	_ executor.CapacityReader  = (*Executor)(nil)
 	_ executor.Adopter         = (*Executor)(nil)
 	_ executor.UsageReader     = (*Executor)(nil)

@@ -72,8 +72,8 @@ type proc struct {
 }
 
 var (
-	_ executor.Executor  = (*Executor)(nil)
-	_ executor.Validator = (*Executor)(nil)
+	_ executor.Executor    = (*Executor)(nil)
+	_ executor.Validator   = (*Executor)(nil)
 	_ executor.Recoverer   = (*Executor)(nil)
 	_ executor.UsageReader = (*Executor)(nil)
 	_ executor.DataKeeper  = (*Executor)(nil)
