@@ -95,12 +95,13 @@ func (a *attempt) adopt(ctx context.Context, act action) error {
 		}
 		owner, act = a.rec.WorkerID, next
 	}
+	a.seqBase = a.rec.Adoptions * adoptionSeqs
 	f := act.found
 	how := "runs"
 	if f.Standing == executor.Ended {
 		how = "ended while no worker followed it"
 	}
-	a.event(job.EventHeartbeat, func(e *job.Event) {
+	a.eventSeq(job.EventHeartbeat, a.nextHeartbeat(), func(e *job.Event) {
 		e.Phase = job.PhaseAdopted
 		e.Message = fmt.Sprintf("attempt %d adopted by worker %s from worker %s: %s %s", a.n, w.cfg.ID, owner, f.Handle, how)
 	})
@@ -132,6 +133,10 @@ func (a *attempt) adopt(ctx context.Context, act action) error {
 	}
 	return a.ended(ctx, out, err, deadlineBound)
 }
+
+// adoptionSeqs numbers apart the events of each life of an attempt: the
+// heartbeat and log events of the n-th adoption start at n times it.
+const adoptionSeqs = 1_000_000
 
 // takeOver writes the record of an adopted attempt: this worker runs it.
 func (a *attempt) takeOver(ctx context.Context) error {
@@ -165,7 +170,10 @@ func (a *attempt) await(ctx context.Context, act action) {
 		return
 	}
 	*a.rec, a.rev = rec, rev
-	a.event(job.EventHeartbeat, func(e *job.Event) {
+	// Announced once per life of the attempt (the record keeps the wait):
+	// the last number of the life's range is the announcement's.
+	seq := (rec.Adoptions+1)*adoptionSeqs - 1
+	a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) {
 		e.Attempt, e.WorkerID, e.Phase, e.Message = act.attempt, rec.WorkerID, job.PhaseAwaitingOwner, act.why
 	})
 }
@@ -175,7 +183,7 @@ func (a *attempt) await(ctx context.Context, act action) {
 func (a *attempt) handOff(act action) {
 	w := a.w
 	w.m.handedOff.Add(context.Background(), 1, w.m.poolAttrs)
-	a.event(job.EventHeartbeat, func(e *job.Event) {
+	a.eventSeq(job.EventHeartbeat, a.nextHeartbeat(), func(e *job.Event) {
 		e.Phase = job.PhaseHandedOff
 		e.Message = fmt.Sprintf("worker %s stopped; attempt %d runs on, for the next worker to adopt", w.cfg.ID, a.n)
 	})

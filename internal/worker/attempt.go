@@ -50,6 +50,10 @@ type attempt struct {
 	logMu sync.Mutex
 	logs  int
 	hbSeq int
+	// seqBase numbers the log and heartbeat events of an adopted attempt
+	// apart from those of the lives before, whose ids JetStream would take
+	// for duplicates.
+	seqBase int
 
 	releaseLease func() // gives the attempt's capacity lease back; nil without one
 	slotFreed    bool

@@ -22,6 +22,17 @@ import (
 // onto a node is unschedulable (class infrastructure after --pending-wait),
 // which admission cannot foresee.
 
+// nodeGPUs returns the GPUs all nodes offer, and whether the worker could
+// read them.
+func (e *Executor) nodeGPUs(ctx context.Context) (int, bool) {
+	if _, err := e.Inventory(ctx); err != nil {
+		return 0, false
+	}
+	e.invMu.Lock()
+	defer e.invMu.Unlock()
+	return e.invGPUs, e.invGPUs >= 0
+}
+
 // inventoryAge is how long a read of the nodes serves.
 const inventoryAge = 30 * time.Second
 
@@ -34,7 +45,7 @@ func (e *Executor) Inventory(ctx context.Context) (*job.Inventory, error) {
 	}
 	inv := &job.Inventory{PlacementKeys: e.cfg.PlacementKeys}
 	nodes, err := e.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	e.inv, e.invAt = inv, time.Now()
+	e.inv, e.invAt, e.invGPUs = inv, time.Now(), -1
 	if err != nil {
 		if apierrors.IsForbidden(err) {
 			// Optional: said once, and not an error of the heartbeat.
@@ -48,8 +59,10 @@ func (e *Executor) Inventory(ctx context.Context) (*job.Inventory, error) {
 		return inv, e.invErr
 	}
 	e.invErr = nil
+	e.invGPUs = 0
 	keys := append(slices.Clone(e.cfg.PlacementKeys), job.GPUModelLabel)
 	for _, n := range nodes.Items {
+		e.invGPUs += int(quantityOf(n.Status.Allocatable, e.cfg.GPUResource))
 		if model := n.Labels[job.GPUModelLabel]; model != "" {
 			count := int(quantityOf(n.Status.Allocatable, e.cfg.GPUResource))
 			if count > 0 {

@@ -205,6 +205,8 @@ type Executor struct {
 	invErr error
 	// invForbidden: the worker may not list nodes.
 	invForbidden bool
+	// invGPUs is the GPUs of every node together; -1 when unknown.
+	invGPUs int
 	// metricsAt is when the metrics API was last found not served; it is
 	// asked again after metricsRecheck.
 	metricsMissing time.Time
