@@ -56,7 +56,7 @@ func TestAdmissionPlacement(t *testing.T) {
 	pools := view([]*job.Heartbeat{
 		kube("gpu", &job.Inventory{GPUs: []job.GPUModel{{Model: "H100", Count: 4}, {Model: "L4", Count: 1}},
 			PlacementKeys: []string{"zone"},
-			Nodes: []job.Node{{Name: "a", Labels: map[string]string{"zone": "a", job.GPUModelLabel: "H100"}}, {Name: "b", Labels: map[string]string{"zone": "b"}}}}),
+			Nodes:         []job.Node{{Name: "a", Labels: map[string]string{"zone": "a", job.GPUModelLabel: "H100"}}, {Name: "b", Labels: map[string]string{"zone": "b"}}}}),
 		kube("blind", &job.Inventory{PlacementKeys: []string{"zone"}}), // may not list nodes
 		docker("hosts", map[string]string{"disk": "ssd"}, &job.Inventory{PlacementKeys: []string{"disk"}, GPUs: []job.GPUModel{{Model: "A100", Count: 2}}}),
 	})
