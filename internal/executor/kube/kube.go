@@ -210,6 +210,8 @@ type Executor struct {
 	// metricsAt is when the metrics API was last found not served; it is
 	// asked again after metricsRecheck.
 	metricsMissing time.Time
+	// metricsErr is how the last read of the metrics API ended.
+	metricsErr error
 }
 
 var (

@@ -62,6 +62,9 @@ func (e *Executor) Usage(ctx context.Context) map[executor.AttemptID]*job.Usage 
 	defer cancel()
 	data, err := rc.Get().AbsPath("/apis/metrics.k8s.io/v1beta1/namespaces", e.cfg.Namespace, "pods").
 		Param("labelSelector", sel).DoRaw(ctx)
+	e.mu.Lock()
+	e.metricsErr = err
+	e.mu.Unlock()
 	if err != nil {
 		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsServiceUnavailable(err) {
 			e.mu.Lock()
