@@ -145,7 +145,10 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		}
 		rep := &recorder{}
 		tk := &executor.Task{JobID: "rbac-run", Attempt: 1, WorkerID: "worker-1", Pool: "p", Report: rep,
-			Request: request(func(r *job.Request) { r.Env = map[string]string{"TOKEN": "s3cr3t"}; r.Persist = &job.Persist{Enabled: true} })}
+			Request: request(func(r *job.Request) {
+				r.Env = map[string]string{"TOKEN": "s3cr3t"}
+				r.Persist = &job.Persist{Enabled: true}
+			})}
 		out, err := e.Run(ctx, tk)
 		if err != nil || out.Status != job.StatusSucceeded || out.Stdout != "logged under RBAC\n" {
 			t.Fatalf("Run: %v, %v", describeOrNil(out), err)
@@ -338,4 +341,3 @@ func describeOrNil(out *executor.Outcome) string {
 	}
 	return describe(out)
 }
-
