@@ -151,6 +151,12 @@ type Fitter interface {
 	Fits(r *job.Request) error
 }
 
+// ImageCache is implemented by executors whose hosts keep pulled images (a
+// Docker host): Cached says whether the image is there now.
+type ImageCache interface {
+	Cached(ctx context.Context, image string) bool
+}
+
 // InventoryReader is implemented by executors that report what their backend
 // offers for placement, for the heartbeat.
 type InventoryReader interface {

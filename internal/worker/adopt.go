@@ -35,6 +35,22 @@ func (a *attempt) lookup(ctx context.Context, s *situation) error {
 	return nil
 }
 
+// preferPeer tells decide, for the first delivery of a job whose image this
+// worker would pull, whether another live worker of the pool has it cached:
+// the job is left a moment for that one. Once only: at its next delivery,
+// any worker pulls.
+func (a *attempt) preferPeer(ctx context.Context, s *situation) {
+	c, ok := a.w.exec.(executor.ImageCache)
+	p, peers := a.w.cfg.Capacity.(Peers)
+	if !ok || !peers || a.delivered != 1 || s.outcome != nil || s.rec.State != job.StateQueued || a.req.Image == "" ||
+		a.req.PullPolicy != job.PullIfNotPresent || s.misfit != nil || s.refused != nil {
+		return
+	}
+	if !c.Cached(ctx, a.req.Image) && p.PeerHasImage(ctx, a.req.Image) {
+		s.elsewhere = "another worker of the pool has image " + a.req.Image + " cached; this one would pull it"
+	}
+}
+
 // adopt takes over the attempt that act names, follows it to its end and
 // settles its outcome. The attempt keeps its number: the record names this
 // worker instead of the one that started it, and nothing else changes.

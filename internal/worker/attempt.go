@@ -208,6 +208,7 @@ func (a *attempt) decide(ctx context.Context, s *situation) (action, error) {
 	if f, ok := a.w.exec.(executor.Fitter); ok && s.outcome == nil && s.refused == nil {
 		s.misfit = f.Fits(a.req)
 	}
+	a.preferPeer(ctx, s)
 	return decide(s), nil
 }
 

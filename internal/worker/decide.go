@@ -148,6 +148,9 @@ type situation struct {
 	// misfit is why this worker cannot run the request while another
 	// worker of the pool might (its GPU models, its labels).
 	misfit error
+	// elsewhere says why another worker of the pool would start the job
+	// sooner: it has the image this one would pull.
+	elsewhere string
 	// retryDelay computes backoff delays.
 	retryDelay RetryDelayFunc
 }
@@ -276,6 +279,8 @@ func decideDelivery(s *situation) action {
 		// Nothing is written: the worker that takes it records what was
 		// lost.
 		return action{verb: doLater, attempt: n, delay: misfitDelay, why: s.misfit.Error()}
+	case s.elsewhere != "":
+		return action{verb: doLater, attempt: n, delay: preferDelay, why: s.elsewhere}
 	}
 	a.verb, a.attempt = doRun, n
 	return a
@@ -345,6 +350,10 @@ func finish(n, attempts int, status job.Status, f *job.Failure) action {
 // misfitDelay is how long a job that this worker cannot run, and another
 // might, is left before it comes back.
 const misfitDelay = time.Second
+
+// preferDelay is how long a job's first delivery is left for a worker that
+// has its image cached.
+const preferDelay = 500 * time.Millisecond
 
 func mustMemory(q string) int64 {
 	v, _ := job.ParseMemory(q)

@@ -352,6 +352,11 @@ func TestDecide(t *testing.T) {
 			want: action{verb: doLater, attempt: 1, delay: misfitDelay},
 		},
 		{
+			name: "a first delivery is left a moment for a worker that has the image",
+			s:    situation{rec: queued(), req: request(nil), elsewhere: "another worker has image x cached"},
+			want: action{verb: doLater, attempt: 1, delay: preferDelay},
+		},
+		{
 			name: "a cancelled attempt finishes the job cancelled",
 			s: situation{rec: runningOn("w", 1), req: request(nil), now: now,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "stop")}},

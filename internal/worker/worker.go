@@ -130,6 +130,12 @@ type Holder interface {
 	Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error)
 }
 
+// Peers is implemented by a Capacity that knows what the other live workers
+// of the pool report: whether one has an image cached.
+type Peers interface {
+	PeerHasImage(ctx context.Context, image string) bool
+}
+
 // Room is implemented by a Capacity that knows how many more jobs of the
 // default size the worker's resources hold; the worker pulls no more.
 type Room interface {

@@ -78,6 +78,12 @@ type Ledger struct {
 	stop  chan struct{}
 	done  chan struct{}
 	calls metric.Int64Counter
+
+	// peers caches the images the pool's other workers report, for one
+	// interval.
+	peersMu sync.Mutex
+	peers   map[string]bool
+	peersAt time.Time
 }
 
 // key names a lease in the ledger: one per attempt.
@@ -94,6 +100,7 @@ type op struct {
 }
 
 var (
+	_ worker.Peers    = (*Ledger)(nil)
 	_ worker.Capacity = (*Ledger)(nil)
 	_ worker.Holder   = (*Ledger)(nil)
 	_ worker.Room     = (*Ledger)(nil)
@@ -185,6 +192,32 @@ func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return r.s.Holds(ctx, workerID, jobID, attempt)
+}
+
+// PeerHasImage implements worker.Peers: whether another live, healthy
+// worker of the pool reports the image cached. The pool's heartbeats are
+// read at most once an interval; without Redis, no.
+func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
+	r.peersMu.Lock()
+	defer r.peersMu.Unlock()
+	if r.peers == nil || time.Since(r.peersAt) >= r.cfg.Interval {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		hbs, err := r.s.Workers(ctx, r.cfg.Pool)
+		r.peers, r.peersAt = map[string]bool{}, time.Now()
+		if err != nil {
+			return false
+		}
+		for _, hb := range hbs {
+			if hb.WorkerID == r.cfg.WorkerID || hb.Health == job.HealthDraining || hb.Health == job.HealthUnhealthy || hb.Inventory == nil {
+				continue
+			}
+			for _, img := range hb.Inventory.Images {
+				r.peers[img] = true
+			}
+		}
+	}
+	return r.peers[image]
 }
 
 // Release gives a lease back. It does not wait for Redis.

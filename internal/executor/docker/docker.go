@@ -196,6 +196,7 @@ var (
 	_ executor.DataKeeper      = (*Executor)(nil)
 	_ executor.Fitter          = (*Executor)(nil)
 	_ executor.InventoryReader = (*Executor)(nil)
+	_ executor.ImageCache      = (*Executor)(nil)
 )
 
 // New returns an Executor. It does not contact the daemon; Ping does.

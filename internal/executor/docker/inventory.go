@@ -223,3 +223,11 @@ func (e *Executor) Inventory(ctx context.Context) (*job.Inventory, error) {
 	}
 	return inv, nil
 }
+
+// Cached implements executor.ImageCache: whether the host has the image.
+func (e *Executor) Cached(ctx context.Context, image string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := e.api.ImageInspect(ctx, image)
+	return err == nil
+}
