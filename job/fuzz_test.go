@@ -115,7 +115,7 @@ func checkValidRequest(t *testing.T, r *job.Request, l job.Limits) {
 	if !bytes.Equal(mustJSON(t, r), enc) {
 		t.Fatal("Normalize of a clone changed the original")
 	}
-	job2, err := job.DecodeRequest(norm, unbounded)
+	job2, err := job.DecodeJob(norm) // as the worker decodes it
 	if err != nil {
 		t.Fatalf("the job message does not decode: %v\n%s", err, norm)
 	}

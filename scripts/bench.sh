@@ -1,102 +1,179 @@
 #!/usr/bin/env bash
-# make bench: the load test through the whole fleet. Starts an embedded
-# dispatcher (NATS with file storage, and the Redis-protocol store) and one
-# worker, and pushes jobs through submit -> dispatcher -> JetStream ->
-# worker -> result with `fleetctl bench`:
-#   1. throughput with the noop executor (the fleet's own overhead), with
-#      slot accounting in Redis, then without it;
-#   2. latency at a paced 1,000 jobs/s with the noop executor;
-#   3. throughput with the process executor running `true`;
-#   4. with Docker: a fleet job running `true` in a container, one at a
-#      time, against the bare Docker API cycle of the same image.
-# JOBS and SLOTS override the sizes.
+# make bench: the load test through the whole fleet, set up as a user
+# deploys it, beside asynq on the same machine in the same run.
+#
+#   1. Production-like, one NATS server: a separate nats-server process with
+#      file storage, a redis-server, a dispatcher (admission on, the console
+#      on), one noop worker with 64 slots. JOBS no-op jobs submitted on
+#      fleet.submit.direct as fast as possible, results read on
+#      fleet.results.>; then the same on fleet.submit (fire and forget,
+#      kept by the submit stream); then jobs paced at 1,000/s, for latency.
+#      Each ROUNDS times, alternating with
+#   2. asynq v0.26 enqueuing and processing the same number of no-op tasks
+#      on the same redis-server, with 64 workers (bench/asynq).
+#   3. The same fleet on a three-node NATS cluster with streams of three
+#      replicas, no-op jobs as fast as possible, and jobs spread over three
+#      pools.
+#   4. The process executor running `true`, and, with Docker, a fleet job
+#      against the bare Docker API cycle of the same image.
+#
+# CPU per job is the CPU time the fleet's processes (NATS servers,
+# dispatcher, worker) spent, per job; for asynq, its process and
+# redis-server's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=./bin
-jobs=${JOBS:-20000}
-slots=${SLOTS:-256}
-data=$(mktemp -d "${TMPDIR:-/tmp}/fleet-bench.XXXXXX")
-export FLEET_NATS_URL=nats://127.0.0.1:14322
-export FLEET_REDIS_URL=redis://127.0.0.1:16479/0
-export FLEET_HTTP_ADDR=127.0.0.1:18180
-export FLEET_DATA_DIR=$data
+jobs=${JOBS:-5000}
+rounds=${ROUNDS:-3}
+slots=${SLOTS:-64}
+base=$(mktemp -d "${TMPDIR:-/tmp}/fleet-bench.XXXXXX")
 export FLEET_LOG_LEVEL=warn
+export FLEET_HTTP_ADDR=127.0.0.1:18180
 metrics=127.0.0.1:18181
 
-# The workers' workspaces go to tmpfs when there is one: on this kind of
-# disk a directory costs ~150 µs to make and as much to remove, which would
-# measure the disk, not the fleet (JetStream's files stay on the disk).
-workdir=$data/worker
+# Workspaces of the process executor go to tmpfs when there is one: on this
+# kind of disk a directory costs ~150 µs to make and as much to remove,
+# which would measure the disk, not the fleet (JetStream's files stay on
+# the disk).
+workdir=$base/work
 [ -d /dev/shm ] && workdir=$(mktemp -d /dev/shm/fleet-bench.XXXXXX)
 
 pids=()
 cleanup() {
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-	rm -rf "$data" "$workdir"
+	rm -rf "$base" "$workdir"
 }
 trap cleanup EXIT
 
-# Slot accounting goes to a real redis-server when one is installed, as in
-# production; else to the dispatcher's embedded Redis-protocol store, whose
-# Lua interpreter costs much more per call.
-redis="embedded Redis-protocol store"
-dispatcher_redis=$FLEET_REDIS_URL
-if command -v redis-server >/dev/null; then
-	redis-server --bind 127.0.0.1 --port 16479 --save '' --appendonly no >"$data/redis.log" 2>&1 &
-	pids+=($!)
-	redis="redis-server $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-)"
-	dispatcher_redis=""
-	sleep 0.5
-fi
-"$bin/dispatcher" --embedded --admission off --redis-url "$dispatcher_redis" >"$data/dispatcher.log" 2>&1 &
-dpid=$!
-pids+=($dpid)
-for _ in $(seq 150); do
-	code=0
-	"$bin/fleetctl" status not-a-job >/dev/null 2>&1 || code=$?
-	[ "$code" = 3 ] && break
-	sleep 0.1
-done
+say() { printf '\n== %s\n' "$*"; }
 
-# worker EXECUTOR [flags...]: starts a worker, sets wpid.
+# The NATS server the fleet requires, and the asynq peer, built once.
+go build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
+(cd bench/asynq && go build -o "../../$bin/asynq-bench" .)
+command -v redis-server >/dev/null || { echo "make bench needs redis-server"; exit 1; }
+
+redis-server --bind 127.0.0.1 --port 16479 --save '' --appendonly no >"$base/redis.log" 2>&1 &
+redis_pid=$!
+pids+=($redis_pid)
+export FLEET_REDIS_URL=redis://127.0.0.1:16479/0
+sleep 0.5
+
+# nats NAME PORT CLUSTER_PORT [ROUTES]: a nats-server process with file
+# storage; sets npid.
+nats() {
+	local name=$1 port=$2 cport=$3 routes=${4:-}
+	mkdir -p "$base/$name"
+	{
+		echo "server_name: $name"
+		echo "listen: 127.0.0.1:$port"
+		echo "max_payload: 8MB"
+		echo "jetstream { store_dir: \"$base/$name\" }"
+		if [ -n "$routes" ]; then
+			echo "cluster { name: bench, listen: 127.0.0.1:$cport, routes: [$routes] }"
+		fi
+	} >"$base/$name.conf"
+	"$bin/nats-server" -c "$base/$name.conf" >"$base/$name.log" 2>&1 &
+	npid=$!
+	pids+=($npid)
+}
+
+# dispatcher [flags...]: sets dpid, waits until it answers.
+dispatcher() {
+	"$bin/dispatcher" --data-dir "$base/dispatcher" "$@" >>"$base/dispatcher.log" 2>&1 &
+	dpid=$!
+	pids+=($dpid)
+	for _ in $(seq 300); do
+		code=0
+		"$bin/fleetctl" status not-a-job >/dev/null 2>&1 || code=$?
+		[ "$code" = 3 ] && return
+		sleep 0.1
+	done
+	echo "the dispatcher did not start:"; tail -20 "$base/dispatcher.log"; exit 1
+}
+
+# worker EXECUTOR [flags...]: sets wpid, waits for its first heartbeat.
 worker() {
 	local executor=$1
 	shift
 	"$bin/worker" --executor "$executor" --slots "$slots" --id "bench-$executor" --metrics-addr "$metrics" \
-		--data-dir "$workdir" "$@" \
-		>"$data/worker-$executor.log" 2>&1 &
+		--data-dir "$workdir" "$@" >>"$base/worker.log" 2>&1 &
 	wpid=$!
 	pids+=($wpid)
-	sleep 1
+	for _ in $(seq 100); do
+		"$bin/fleetctl" workers 2>/dev/null | grep -q "bench-$executor" && return
+		sleep 0.1
+	done
 }
-stop_worker() { kill -TERM "$wpid"; wait "$wpid" 2>/dev/null || true; }
 
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(go version | cut -d' ' -f3)"
-echo "fleet: dispatcher --embedded (NATS with file storage inside it) + one worker with $slots slots; leases in $redis"
-echo "CPU per job is the dispatcher's plus the worker's"
+stop() { for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
 
+# bench ARGS...: fleetctl bench, its report as JSON.
+bench() { "$bin/fleetctl" bench -o json "$@"; }
+
+field() { python3 -c "import json,sys; print(json.load(sys.stdin).get('$1', 0))"; }
+
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(go version | cut -d' ' -f3), $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-) redis-server"
+echo "the fleet: nats-server $("$bin/nats-server" --version | grep -o "v[0-9][0-9.]*" | head -1) (file storage, a process of its own), a dispatcher (admission reject, console on), one noop worker with $slots slots"
+echo "the peer:  asynq v0.26, $slots concurrent handlers, on the same redis-server"
+
+say "one NATS server: $jobs no-op jobs as fast as possible, $rounds rounds, each beside asynq"
+export FLEET_NATS_URL=nats://127.0.0.1:14322
+nats n0 14322 0
+sleep 0.3
+dispatcher
 worker noop
-echo; echo "== noop executor, $jobs jobs as fast as possible, slots leased in Redis"
-"$bin/fleetctl" bench --jobs "$jobs" --pids "$dpid,$wpid" --metrics "http://$metrics/metrics"
-echo; echo "== noop executor, 5000 jobs offered at 1000/s"
-"$bin/fleetctl" bench --jobs 5000 --rate 1000 --pids "$dpid,$wpid"
-stop_worker
+printf '%-8s %12s %12s %14s %12s %14s\n' round "fleet jobs/s" "CPU/job µs" "asynq tasks/s" "CPU/task µs" "fleet / asynq"
+fleet_rates=() asynq_rates=()
+for r in $(seq "$rounds"); do
+	f=$(bench --jobs "$jobs" --pids "$npid,$dpid,$wpid")
+	a=$("$bin/asynq-bench" --redis 127.0.0.1:16479 --tasks "$jobs" --concurrency "$slots" --pids "$redis_pid")
+	fr=$(echo "$f" | field jobs_per_second) fc=$(echo "$f" | field cpu_per_job_us)
+	ar=$(echo "$a" | field tasks_per_second) ac=$(echo "$a" | field cpu_per_task_us)
+	fleet_rates+=("$fr") asynq_rates+=("$ar")
+	printf '%-8s %12.0f %12.0f %14.0f %12.0f %13.2fx\n' "$r" "$fr" "$fc" "$ar" "$ac" "$(echo "$fr / $ar" | bc -l)"
+done
 
-worker noop --redis-url ""
-echo; echo "== noop executor, $jobs jobs as fast as possible, without slot accounting"
-"$bin/fleetctl" bench --jobs "$jobs" --pids "$dpid,$wpid"
-stop_worker
+say "the same, fire and forget on fleet.submit (kept by the submit stream)"
+bench --jobs "$jobs" --stored --pids "$npid,$dpid,$wpid" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.0f jobs/s, %.0f µs of CPU per job" % (r["jobs_per_second"], r.get("cpu_per_job_us", 0)))'
 
+say "paced at 1,000 jobs/s, 5,000 jobs: latency"
+"$bin/fleetctl" bench --jobs 5000 --rate 1000 --pids "$npid,$dpid,$wpid" --metrics "http://$metrics/metrics"
+stop "$wpid" "$dpid" "$npid"
+
+say "a three-node NATS cluster, streams of three replicas: $jobs no-op jobs as fast as possible"
+export FLEET_NATS_URL=nats://127.0.0.1:14331,nats://127.0.0.1:14332,nats://127.0.0.1:14333
+routes="nats://127.0.0.1:14341,nats://127.0.0.1:14342,nats://127.0.0.1:14343"
+nats c1 14331 14341 "$routes"
+c1=$npid
+nats c2 14332 14342 "$routes"
+c2=$npid
+nats c3 14333 14343 "$routes"
+c3=$npid
+sleep 2
+dispatcher --replicas 3
+worker noop
+for r in $(seq "$rounds"); do
+	f=$(bench --jobs "$jobs" --pids "$c1,$c2,$c3,$dpid,$wpid")
+	printf 'round %s: %.0f jobs/s, %.0f µs of CPU per job\n' "$r" "$(echo "$f" | field jobs_per_second)" "$(echo "$f" | field cpu_per_job_us)"
+done
+stop "$wpid"
+
+say "process executor running true, $jobs jobs as fast as possible (one NATS server)"
+stop "$dpid" "$c1" "$c2" "$c3"
+export FLEET_NATS_URL=nats://127.0.0.1:14322
+rm -rf "$base/n0" "$base/dispatcher"
+nats n0 14322 0
+sleep 0.3
+dispatcher
 worker process
-echo; echo "== process executor running true, $((jobs / 4)) jobs as fast as possible"
-"$bin/fleetctl" bench --jobs "$((jobs / 4))" --command true --pids "$dpid,$wpid"
-stop_worker
+"$bin/fleetctl" bench --jobs "$jobs" --command true --pids "$npid,$dpid,$wpid"
+stop "$wpid"
 
 if docker info >/dev/null 2>&1; then
 	n=${DOCKER_JOBS:-20}
-	echo; echo "== docker: true in fleet-test/testprog, $n one at a time"
+	say "docker: true in fleet-test/testprog, $n one at a time, against the bare Docker API cycle"
 	go test -run '^$' -bench 'BareDockerCycle' -benchtime "${n}x" ./internal/executor/docker/ | grep Benchmark
 	slots=1 worker docker
 	"$bin/fleetctl" bench --jobs "$n" --image fleet-test/testprog:latest --command true

@@ -37,6 +37,7 @@ func init() {
 			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
 			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
 			fs.StringVar(&o.metrics, "metrics", "", "a worker's /metrics URL: report its Redis round trips per job")
+			fs.BoolVar(&o.stored, "stored", false, "publish on the submit subject, kept by its stream (fire and forget), instead of requests on the direct subject")
 		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			return bench(ctx, e, o)
@@ -46,6 +47,7 @@ func init() {
 
 type benchOpts struct {
 	jobs, rate, window int
+	stored             bool
 	pool, command      string
 	image              string
 	pids               string
@@ -60,6 +62,7 @@ type benchReport struct {
 	JobsPerSecond float64 `json:"jobs_per_second"`
 	Failed        int     `json:"failed"`
 	Missing       int     `json:"missing"`
+	Refused       int     `json:"refused,omitempty"`
 	StartP50Ms    float64 `json:"submit_to_start_p50_ms"`
 	StartP99Ms    float64 `json:"submit_to_start_p99_ms"`
 	ResultP50Ms   float64 `json:"submit_to_result_p50_ms"`
@@ -133,6 +136,40 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	}
 	defer resSub.Unsubscribe()
 	_ = resSub.SetPendingLimits(-1, -1)
+	// Direct submissions are requests: one inbox for all their answers, so
+	// that a rejection or a fleet that does not answer is seen.
+	inbox := nc.NewRespInbox()
+	var refused int
+	bodies := make([][]byte, n)
+	subject := names.SubmitDirect()
+	if o.stored {
+		subject = names.Submit()
+	}
+	ansSub, err := nc.Subscribe(inbox+".>", func(m *nats.Msg) {
+		if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
+			// Busy, or no dispatcher answering: send it again, as a
+			// producer does (its id makes it run once).
+			i, err := strconv.Atoi(m.Subject[len(inbox)+1:])
+			if err == nil && i >= 0 && i < n {
+				mu.Lock()
+				body := bodies[i]
+				mu.Unlock()
+				time.AfterFunc(10*time.Millisecond, func() { _ = nc.PublishRequest(subject, m.Subject, body) })
+			}
+			return
+		}
+		var a job.SubmitReply
+		if json.Unmarshal(m.Data, &a) != nil || a.Rejected() {
+			mu.Lock()
+			refused++
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer ansSub.Unsubscribe()
+	_ = ansSub.SetPendingLimits(-1, -1)
 	if err := nc.Flush(); err != nil {
 		return err
 	}
@@ -146,7 +183,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	if o.image != "" {
 		req.Image, req.PullPolicy = o.image, job.PullNever
 	}
-	fmt.Fprintf(e.stderr, "bench: %d jobs on pool %s", n, o.pool)
+	fmt.Fprintf(e.stderr, "bench: %d jobs on pool %s, submitted on %s", n, o.pool, subject)
 	if o.rate > 0 {
 		fmt.Fprintf(e.stderr, " at %d/s", o.rate)
 	}
@@ -167,9 +204,15 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 		req.ID = fmt.Sprintf("bench-%s-%d", run, i)
 		data, _ := json.Marshal(&req)
 		mu.Lock()
-		sent[i] = time.Now()
+		bodies[i], sent[i] = data, time.Now()
 		mu.Unlock()
-		if err := nc.Publish(names.Submit(), data); err != nil {
+		var err error
+		if o.stored {
+			err = nc.Publish(subject, data)
+		} else {
+			err = nc.PublishRequest(subject, inbox+"."+strconv.Itoa(i), data)
+		}
+		if err != nil {
 			return fmt.Errorf("publish: %w", err)
 		}
 	}
@@ -187,7 +230,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	mu.Lock()
 	defer mu.Unlock()
 	r := benchReport{Jobs: n, Rate: o.rate, Seconds: elapsed.Seconds(), Failed: failed, Missing: n - done,
-		JobsPerSecond: float64(done) / elapsed.Seconds()}
+		Refused: refused, JobsPerSecond: float64(done) / elapsed.Seconds()}
 	r.StartP50Ms, r.StartP99Ms = percentiles(started)
 	r.ResultP50Ms, r.ResultP99Ms = percentiles(finished)
 	if o.pids != "" && done > 0 {
@@ -199,7 +242,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	if e.json() {
 		return writeJSON(e.stdout, r)
 	}
-	fmt.Fprintf(e.stdout, "jobs:              %d finished (%d failed, %d missing) in %.2fs\n", done, failed, r.Missing, r.Seconds)
+	fmt.Fprintf(e.stdout, "jobs:              %d finished (%d failed, %d missing, %d refused) in %.2fs\n", done, failed, r.Missing, refused, r.Seconds)
 	fmt.Fprintf(e.stdout, "throughput:        %.0f jobs/s\n", r.JobsPerSecond)
 	fmt.Fprintf(e.stdout, "submit -> start:   p50 %.2f ms   p99 %.2f ms\n", r.StartP50Ms, r.StartP99Ms)
 	fmt.Fprintf(e.stdout, "submit -> result:  p50 %.2f ms   p99 %.2f ms\n", r.ResultP50Ms, r.ResultP99Ms)

@@ -45,6 +45,7 @@ var=$(printf '%s' "$pool" | tr 'a-z-' 'A-Z_')
 block=$(sed -n '/^[[:space:]]*# BEGIN WORKER POOL default$/,/^[[:space:]]*# END WORKER POOL default$/p' "$conf" |
 	sed -e "s/WORKER POOL default\$/WORKER POOL $pool/" \
 		-e "s/FLEET_NKEY_WORKER_DEFAULT\$/FLEET_NKEY_WORKER_$var/" \
+		-e "s/FLEET_JOBS_default/FLEET_JOBS_$pool/g" \
 		-e "s/\\.jobs-default\\./.jobs-$pool./g" \
 		-e "s/\\.jobs-default\"/.jobs-$pool\"/g" \
 		-e "s/fleet\\.jobs\\.default\"/fleet.jobs.$pool\"/g" \

@@ -66,8 +66,14 @@ func viewRequest(r *job.Request) *RequestView {
 // It gives up after a bounded look (the request is then not shown).
 func (c *Console) findRequest(ctx context.Context, rec *job.Record) (*RequestView, error) {
 	nc := c.cfg.JS.Conn()
-	stream := c.names.JobsStream()
 	subject := c.names.Jobs(rec.Pool)
+	stream, err := c.cfg.JS.StreamNameBySubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil // the pool's stream is gone, with the request
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the queue of %s: %w", rec.Pool, err)
+	}
 	start := rec.SubmittedAt.Add(-5 * time.Second)
 	seq := uint64(0)
 	for range 200 {

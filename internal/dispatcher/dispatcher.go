@@ -101,6 +101,7 @@ type Dispatcher struct {
 	m     metrics
 
 	replies *replies
+	pools   sync.Map // pool → the stream of its jobs, once ensured
 	lag     *lag
 	core    *nats.Subscription
 	direct  *nats.Subscription
@@ -171,11 +172,18 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	// Submissions sent to the direct subject are answered by one
 	// dispatcher of the group, at once: nothing is stored before the job.
 	directs := make(chan *nats.Msg, directBuffer)
-	d.direct, err = d.nc.ChanQueueSubscribe(d.names.SubmitDirect(), queueGroup, directs)
+	d.direct, err = d.nc.QueueSubscribe(d.names.SubmitDirect(), queueGroup, func(m *nats.Msg) {
+		select {
+		case directs <- m:
+		default:
+			// Full: the producer sends it again, rather than NATS dropping
+			// it without a word.
+			d.busy(m)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.SubmitDirect(), err)
 	}
-	_ = d.direct.SetPendingLimits(directBuffer, 256<<20)
 	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), queueGroup, d.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.AllCancels(), err)
@@ -268,7 +276,8 @@ func (d *Dispatcher) consume(ctx context.Context) {
 const queueGroup = "fleet-dispatcher"
 
 // directBuffer is how many direct submissions wait for a dispatcher's
-// goroutine; past it, NATS drops them and their producers send them again.
+// goroutine; past it, they are answered busy and their producers send them
+// again.
 const directBuffer = 16384
 
 // serveDirect answers the submissions of the direct subject, many at once.
@@ -310,9 +319,7 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 	}
 	if err != nil {
 		d.log.Warn("submission not processed; its producer will send it again", "err", err)
-		busy := nats.NewMsg(m.Reply)
-		busy.Header.Set("Status", "503")
-		_ = d.nc.PublishMsg(busy)
+		d.busy(m)
 		return
 	}
 	data, err := json.Marshal(reply)
@@ -320,6 +327,17 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	_ = m.Respond(data)
+}
+
+// busy answers a direct submission with NATS' "no responders" status, on
+// which clients send it again at once, with its id.
+func (d *Dispatcher) busy(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	busy := nats.NewMsg(m.Reply)
+	busy.Header.Set("Status", "503")
+	_ = d.nc.PublishMsg(busy)
 }
 
 type metrics struct {

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // lag keeps, per pool, the jobs waiting in the pool's consumer and those
@@ -74,20 +75,27 @@ func (d *Dispatcher) Lag() map[string]QueueLag {
 func (d *Dispatcher) refreshLag(ctx context.Context, l *lag) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := d.js.Stream(cctx, d.names.JobsStream())
-	if err != nil {
-		return
-	}
+	// Every stream that holds jobs: the pools' own, or the shared one.
+	names := d.js.StreamNames(cctx, jetstream.WithStreamListSubject(d.names.AllJobs()))
 	pending, inFlight := map[string]uint64{}, map[string]int{}
-	list := s.ListConsumers(cctx)
-	for info := range list.Info() {
-		pool, ok := strings.CutPrefix(info.Name, "jobs-")
-		if !ok {
-			continue
+	for name := range names.Name() {
+		s, err := d.js.Stream(cctx, name)
+		if err != nil {
+			return
 		}
-		pending[pool], inFlight[pool] = info.NumPending, info.NumAckPending
+		list := s.ListConsumers(cctx)
+		for info := range list.Info() {
+			pool, ok := strings.CutPrefix(info.Name, "jobs-")
+			if !ok {
+				continue
+			}
+			pending[pool], inFlight[pool] = info.NumPending, info.NumAckPending
+		}
+		if list.Err() != nil {
+			return
+		}
 	}
-	if list.Err() != nil {
+	if names.Err() != nil {
 		return
 	}
 	l.mu.Lock()

@@ -127,6 +127,9 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 		return nil, errTransient{err}
 	}
 
+	if err := d.ensurePool(ctx, req.Pool); err != nil {
+		return nil, errTransient{err}
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode job: %w", err)
@@ -235,13 +238,40 @@ func (d *Dispatcher) Announce(ctx context.Context, e *job.Event) error {
 	return err
 }
 
+// ensurePool makes sure a stream holds the jobs of pool before its first
+// job is published, once per pool in this dispatcher's life.
+func (d *Dispatcher) ensurePool(ctx context.Context, pool string) error {
+	if _, ok := d.pools.Load(pool); ok {
+		return nil
+	}
+	stream, err := queue.PoolStream(ctx, d.js, d.cfg.Queue, pool, d.log)
+	if err != nil {
+		return err
+	}
+	d.pools.Store(pool, stream)
+	return nil
+}
+
 // Requeue gives a job back to its pool at once through the ack subject of
 // its message (a lease's handle): the reaper calls it for the jobs of a
 // worker that died. Only an ack subject of the jobs stream is accepted: a
 // handle comes from Redis, where any worker writes.
 func (d *Dispatcher) Requeue(ctx context.Context, handle string) error {
-	if !strings.HasPrefix(handle, "$JS.ACK."+d.names.JobsStream()+".") || strings.ContainsAny(handle, " *>\t\r\n") {
+	if !d.isJobAck(handle) || strings.ContainsAny(handle, " *>\t\r\n") {
 		return fmt.Errorf("%q is not the ack subject of a job message", handle)
 	}
 	return d.nc.Publish(handle, []byte("-NAK"))
+}
+
+// isJobAck reports whether subject is an ack subject of a jobs stream:
+// $JS.ACK.<stream>.jobs-<pool>.… with the pool's stream, or the shared one.
+func (d *Dispatcher) isJobAck(subject string) bool {
+	rest, ok := strings.CutPrefix(subject, "$JS.ACK.")
+	if !ok {
+		return false
+	}
+	stream, rest, _ := strings.Cut(rest, ".")
+	consumer, _, _ := strings.Cut(rest, ".")
+	pool, ok := strings.CutPrefix(consumer, "jobs-")
+	return ok && job.ValidPool(pool) && (stream == d.names.JobsStream(pool) || stream == d.names.SharedJobsStream())
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -135,7 +136,7 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 	// Jobs running while the node that leads the jobs stream dies: their
 	// acks, progress, events and results ride through the election.
 	running := submitJobs(t, cl, "through-kill", 20, "2")
-	victim := c.WaitStreamLeader(t, "FLEET_JOBS", 10*time.Second)
+	victim := c.WaitStreamLeader(t, "FLEET_JOBS_default", 10*time.Second)
 	t.Logf("killing %s (meta leader %d)", c.Name(victim), c.MetaLeader())
 	c.Kill(victim)
 	awaitJobs(t, cl, running, 2*time.Minute)
@@ -284,7 +285,7 @@ func TestChaosOnACluster(t *testing.T) {
 
 	calm := offer(t, c, "calm", jobs, rate, nil)
 	storm := offer(t, c, "storm", jobs, rate, []kill{
-		{at: 3 * time.Second, why: "leader of FLEET_JOBS", pick: func() int { return c.StreamLeader("FLEET_JOBS") }},
+		{at: 3 * time.Second, why: "leader of FLEET_JOBS_default", pick: func() int { return c.StreamLeader("FLEET_JOBS_default") }},
 		{at: 15 * time.Second, why: "meta leader", pick: c.MetaLeader},
 		{at: 27 * time.Second, why: "a third node"},
 	})
@@ -505,4 +506,70 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, storm 
 		t.Errorf("%d results on %d subjects in the stream for %d jobs", stored, len(info.State.Subjects), n)
 	}
 	return r
+}
+
+// TestEachPoolHasItsOwnStream gives three pools jobs on a three-node
+// cluster: each pool's jobs are in a stream of their own, replicated on the
+// three servers, which JetStream may lead from different servers.
+func TestEachPoolHasItsOwnStream(t *testing.T) {
+	fleettest.Binary(t, "worker")
+	c := natstest.RunCluster(t, 3)
+	c.WaitReady(t, 30*time.Second)
+	env := []string{"FLEET_NATS_URL=" + c.URLs(), "FLEET_REDIS_URL=", "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_HTTP_ADDR=127.0.0.1:0"}
+	for range 2 {
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3").WaitOutput(t, "dispatcher ready", 30*time.Second)
+	}
+	pools := []string{"red", "green", "blue"}
+	for _, p := range pools {
+		fleettest.StartProc(t, "worker", env, "--id", "w-"+p, "--pool", p, "--slots", "2").WaitOutput(t, "worker started", 30*time.Second)
+	}
+	nc := c.Connect(t)
+	cl, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, p := range pools {
+		r := clusterJob("in-"+p, "0")
+		r.Pool = p
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if _, err := cl.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		ids = append(ids, r.ID)
+	}
+	awaitJobs(t, cl, ids, time.Minute)
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := map[string]string{}
+	for _, p := range pools {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st, err := js.Stream(ctx, "FLEET_JOBS_"+p)
+		cancel()
+		if err != nil {
+			t.Fatalf("pool %s: %v", p, err)
+		}
+		info := st.CachedInfo()
+		if got := info.Config.Subjects; len(got) != 1 || got[0] != "fleet.jobs."+p {
+			t.Errorf("FLEET_JOBS_%s captures %v, want only fleet.jobs.%s", p, got, p)
+		}
+		if info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("FLEET_JOBS_%s: %d replicas, cluster %+v; want three servers, one leading", p, info.Config.Replicas, info.Cluster)
+		} else {
+			leaders[p] = info.Cluster.Leader
+		}
+		if info.Config.Retention != jetstream.WorkQueuePolicy {
+			t.Errorf("FLEET_JOBS_%s retention %v, want a work queue", p, info.Config.Retention)
+		}
+	}
+	t.Logf("leaders: %v", leaders)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, "FLEET_JOBS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("the shared FLEET_JOBS stream: %v, want none on a new fleet", err)
+	}
 }

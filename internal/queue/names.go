@@ -13,7 +13,7 @@ import (
 //
 //	fleet.submit            stream FLEET_SUBMIT (work queue)
 //	fleet.submit.direct     core NATS, answered by one dispatcher (queue group)
-//	fleet.jobs.<pool>       stream FLEET_JOBS (work queue), consumer jobs-<pool>
+//	fleet.jobs.<pool>       stream FLEET_JOBS_<pool> (work queue), consumer jobs-<pool>
 //	fleet.events.<job_id>   stream FLEET_EVENTS (limits, max age)
 //	fleet.results.<job_id>  stream FLEET_RESULTS (limits, max age, one per job),
 //	                        published on fleet.results-in.<job_id>: stored, then republished
@@ -89,12 +89,17 @@ func (n Names) JobID(subject string) string {
 }
 
 // Streams, consumers and the bucket.
-func (n Names) SubmitStream() string  { return n.stream("SUBMIT") }
-func (n Names) JobsStream() string    { return n.stream("JOBS") }
-func (n Names) EventsStream() string  { return n.stream("EVENTS") }
-func (n Names) ResultsStream() string { return n.stream("RESULTS") }
-func (n Names) DLQStream() string     { return n.stream("DLQ") }
-func (n Names) Bucket() string        { return n.prefix() + "-jobs" }
+func (n Names) SubmitStream() string          { return n.stream("SUBMIT") }
+func (n Names) JobsStream(pool string) string { return n.stream("JOBS_" + pool) }
+
+// SharedJobsStream is the one jobs stream of every pool that fleets
+// created before each pool had its own. Where it exists, it captures every
+// pool's subject, and the fleet goes on using it (see PoolStream).
+func (n Names) SharedJobsStream() string { return n.stream("JOBS") }
+func (n Names) EventsStream() string     { return n.stream("EVENTS") }
+func (n Names) ResultsStream() string    { return n.stream("RESULTS") }
+func (n Names) DLQStream() string        { return n.stream("DLQ") }
+func (n Names) Bucket() string           { return n.prefix() + "-jobs" }
 
 // IntakeConsumer is the durable consumer the dispatchers share on the submit
 // stream.

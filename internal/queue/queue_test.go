@@ -9,7 +9,7 @@ import (
 func TestNames(t *testing.T) {
 	n := Names{}
 	if n.Submit() != "fleet.submit" || n.Jobs("gpu") != "fleet.jobs.gpu" || n.Bucket() != "fleet-jobs" ||
-		n.JobsStream() != "FLEET_JOBS" || n.PoolConsumer("gpu") != "jobs-gpu" || n.KVSubject("a.b") != "$KV.fleet-jobs.a.b" {
+		n.JobsStream("gpu") != "FLEET_JOBS_gpu" || n.SharedJobsStream() != "FLEET_JOBS" || n.PoolConsumer("gpu") != "jobs-gpu" || n.KVSubject("a.b") != "$KV.fleet-jobs.a.b" {
 		t.Fatal("default names do not match the contract")
 	}
 	other := Names{Prefix: "acme.prod"}
@@ -34,8 +34,9 @@ func TestStreamsMatchTheContract(t *testing.T) {
 	if s := byName["FLEET_SUBMIT"]; s.Retention != jetstream.WorkQueuePolicy || !s.NoAck {
 		t.Errorf("submit stream: %+v", s)
 	}
-	if s := byName["FLEET_JOBS"]; s.Retention != jetstream.WorkQueuePolicy || s.Subjects[0] != "fleet.jobs.>" {
-		t.Errorf("jobs stream: %+v", s)
+	if s := (Config{}).JobsStream("gpu"); s.Name != "FLEET_JOBS_gpu" || s.Retention != jetstream.WorkQueuePolicy ||
+		len(s.Subjects) != 1 || s.Subjects[0] != "fleet.jobs.gpu" {
+		t.Errorf("a pool's jobs stream: %+v", s)
 	}
 	if s := byName["FLEET_RESULTS"]; s.MaxMsgsPerSubject != 1 || !s.DiscardNewPerSubject || s.MaxAge == 0 {
 		t.Errorf("results stream keeps more than one result per job: %+v", s)
@@ -43,7 +44,7 @@ func TestStreamsMatchTheContract(t *testing.T) {
 	if s := byName["FLEET_EVENTS"]; s.Retention != jetstream.LimitsPolicy || s.MaxAge == 0 {
 		t.Errorf("events stream: %+v", s)
 	}
-	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 5 {
+	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 4 {
 		t.Errorf("streams: %v", byName)
 	}
 }

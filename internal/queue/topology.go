@@ -3,6 +3,7 @@ package queue
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -92,9 +93,6 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	submit.NoAck = true
 	submit.MaxAge = c.Retention
 
-	jobs := base(c.JobsStream(), "Accepted jobs, one subject per pool, until a worker finishes them", c.AllJobs())
-	jobs.Retention = jetstream.WorkQueuePolicy
-
 	events := base(c.EventsStream(), "Lifecycle events of every job", c.AllEvents())
 	events.MaxAge = c.Retention
 	events.AllowDirect = true
@@ -117,7 +115,7 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	dlq.MaxAge = c.DLQRetention
 	dlq.AllowDirect = true
 
-	return []jetstream.StreamConfig{submit, jobs, events, results, dlq}
+	return []jetstream.StreamConfig{submit, events, results, dlq}
 }
 
 // KeyValue returns the configuration of the job-state bucket.
@@ -244,10 +242,69 @@ func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, log *
 	return cons, nil
 }
 
-// PoolConsumer creates or updates the consumer a pool's workers share,
-// waiting as Setup does, also for a dispatcher to create the jobs stream.
+// JobsStream returns the configuration of a pool's jobs stream: each pool
+// has a stream of its own, so that on a cluster the pools' leaders spread
+// over the servers (see the dispatcher's balancer) instead of one server
+// leading every job.
+func (c Config) JobsStream(pool string) jetstream.StreamConfig {
+	c = c.WithDefaults()
+	return jetstream.StreamConfig{
+		Name: c.Names.JobsStream(pool), Description: "Accepted jobs of pool " + pool + ", until a worker finishes them",
+		Subjects: []string{c.Jobs(pool)}, Retention: jetstream.WorkQueuePolicy, Discard: jetstream.DiscardOld,
+		Storage: c.storage(), Replicas: c.Replicas, Duplicates: c.DuplicateWindow,
+		MaxMsgs: -1, MaxBytes: -1, MaxMsgsPerSubject: -1, MaxConsumers: -1,
+	}
+}
+
+// PoolStream returns the name of the stream that holds a pool's jobs,
+// creating the pool's stream if none does: the shared stream of older
+// fleets where it exists, else the pool's own. Dispatchers call it before
+// they publish a pool's first job, workers before they bind to its
+// consumer; it waits as Setup does. A pool's stream has as many replicas
+// as the fleet's events stream.
+func PoolStream(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (string, error) {
+	sc := c.JobsStream(pool)
+	var name string
+	err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) error {
+		found, err := js.StreamNameBySubject(ctx, c.Jobs(pool))
+		if err == nil {
+			name = found
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		// A pool's stream is replicated as the fleet's other streams,
+		// which the dispatchers set up: a worker, which has no say in
+		// replicas, may be the first to make it.
+		if events, err := js.Stream(ctx, c.Names.EventsStream()); err == nil {
+			sc.Replicas = events.CachedInfo().Config.Replicas
+		}
+		s, err := js.CreateStream(ctx, sc)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			name = sc.Name // another process created it a moment ago
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name = s.CachedInfo().Config.Name
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("jobs stream of pool %s: %w", pool, err)
+	}
+	return name, nil
+}
+
+// PoolConsumer creates or updates the consumer a pool's workers share, on
+// the pool's jobs stream, waiting as Setup does.
 func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
+	stream, err := PoolStream(ctx, js, c, pool, log)
+	if err != nil {
+		return nil, err
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.Names.PoolConsumer(pool),
 		Description:   "Workers of pool " + pool,
@@ -259,8 +316,8 @@ func PoolConsumer(ctx context.Context, js jetstream.JetStream, c Config, pool st
 		MaxWaiting:    4096,
 	}
 	var cons jetstream.Consumer
-	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, c.JobsStream(), cc)
+	err = retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
+		cons, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
 		return err
 	})
 	if err != nil {

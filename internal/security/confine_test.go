@@ -109,7 +109,7 @@ func TestRolesAreConfined(t *testing.T) {
 
 	t.Run("a producer cannot publish jobs, results, events, states or dead letters", func(t *testing.T) {
 		before := map[string]uint64{}
-		for _, st := range []string{"FLEET_JOBS", "FLEET_RESULTS", "FLEET_EVENTS", "FLEET_DLQ", "KV_fleet-jobs"} {
+		for _, st := range []string{"FLEET_JOBS_default", "FLEET_JOBS_other", "FLEET_RESULTS", "FLEET_EVENTS", "FLEET_DLQ", "KV_fleet-jobs"} {
 			before[st] = msgs(st)
 		}
 		for _, subj := range []string{"fleet.jobs.default", "fleet.jobs.other", "fleet.results.j1", "fleet.events.j1",
@@ -157,13 +157,14 @@ func TestRolesAreConfined(t *testing.T) {
 		if _, err := queue.PoolConsumer(short, pjs, qc, "default", nil); err == nil {
 			t.Fatal("a producer created a pool's consumer")
 		}
-		refused(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-default.fleet.jobs.default")
-		jsRequest(t, s, prod, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS.jobs-other", map[string]any{"batch": 1})
+		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_default.jobs-default.fleet.jobs.default", nil)
+		jsRequest(t, s, prod, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_other.jobs-other", map[string]any{"batch": 1})
 		if _, err := prod.SubscribeSync("fleet.jobs.>"); err != nil {
 			t.Fatal(err)
 		}
 		refused(t, s, prod, "fleet.jobs.>")
-		jsRequest(t, s, prod, "$JS.API.STREAM.DELETE.FLEET_JOBS", nil)
+		jsRequest(t, s, prod, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
+		jsRequest(t, s, prod, "$JS.API.STREAM.CREATE.FLEET_JOBS_new", nil)
 		jsRequest(t, s, prod, "$JS.API.STREAM.PURGE.FLEET_RESULTS", nil)
 		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_DLQ.peek.fleet.dlq.>", map[string]any{"stream_name": "FLEET_DLQ"})
 		c, err := client.New(prod.Conn)
@@ -188,9 +189,10 @@ func TestRolesAreConfined(t *testing.T) {
 			}
 			refused(t, s, work, subj)
 		}
-		jsRequest(t, s, work, "$JS.API.STREAM.DELETE.FLEET_JOBS", nil)
-		jsRequest(t, s, work, "$JS.API.STREAM.UPDATE.FLEET_JOBS", nil)
-		jsRequest(t, s, work, "$JS.API.CONSUMER.DELETE.FLEET_JOBS.jobs-other", nil)
+		jsRequest(t, s, work, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
+		jsRequest(t, s, work, "$JS.API.STREAM.UPDATE.FLEET_JOBS_default", nil)
+		jsRequest(t, s, work, "$JS.API.STREAM.CREATE.FLEET_JOBS_other", nil)
+		jsRequest(t, s, work, "$JS.API.CONSUMER.DELETE.FLEET_JOBS_other.jobs-other", nil)
 	})
 
 	t.Run("a worker cannot read another pool's work", func(t *testing.T) {
@@ -200,20 +202,20 @@ func TestRolesAreConfined(t *testing.T) {
 		if _, err := queue.PoolConsumer(short, wjs, qc, "other", nil); err == nil {
 			t.Fatal("a worker of pool default created the consumer of pool other")
 		}
-		refused(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-other.fleet.jobs.other")
-		if _, err := wjs.Consumer(short, "FLEET_JOBS", "jobs-other"); err == nil {
+		refused(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-other.fleet.jobs.other")
+		if _, err := wjs.Consumer(short, "FLEET_JOBS_other", "jobs-other"); err == nil {
 			t.Fatal("a worker of pool default looked up the consumer of pool other")
 		}
 		// ...nor by pulling from it directly...
-		jsRequest(t, s, work, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS.jobs-other", map[string]any{"batch": 1, "expires": int64(time.Second)})
+		jsRequest(t, s, work, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_other.jobs-other", map[string]any{"batch": 1, "expires": int64(time.Second)})
 		// ...nor by pointing its own consumer at the other pool's subject.
-		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-default.fleet.jobs.other",
-			map[string]any{"stream_name": "FLEET_JOBS", "config": map[string]any{"durable_name": "jobs-default",
+		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-default.fleet.jobs.other",
+			map[string]any{"stream_name": "FLEET_JOBS_other", "config": map[string]any{"durable_name": "jobs-default",
 				"filter_subject": "fleet.jobs.other", "ack_policy": "explicit"}})
-		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-default",
-			map[string]any{"stream_name": "FLEET_JOBS", "config": map[string]any{"durable_name": "jobs-default",
+		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-default",
+			map[string]any{"stream_name": "FLEET_JOBS_other", "config": map[string]any{"durable_name": "jobs-default",
 				"filter_subject": "fleet.jobs.>", "ack_policy": "explicit"}})
-		jsRequest(t, s, work, "$JS.API.DIRECT.GET.FLEET_JOBS", map[string]any{"last_by_subj": "fleet.jobs.other"})
+		jsRequest(t, s, work, "$JS.API.DIRECT.GET.FLEET_JOBS_other", map[string]any{"last_by_subj": "fleet.jobs.other"})
 		// The job is still there, for its own pool's workers.
 		batch, err := otherCons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
@@ -234,7 +236,7 @@ func TestRolesAreConfined(t *testing.T) {
 	})
 
 	t.Run("a worker cannot acknowledge another pool's messages", func(t *testing.T) {
-		subj := "$JS.ACK.FLEET_JOBS.jobs-other.1.1.1.1.1"
+		subj := "$JS.ACK.FLEET_JOBS_other.jobs-other.1.1.1.1.1"
 		if err := work.Publish(subj, []byte("+ACK")); err != nil {
 			t.Fatal(err)
 		}
@@ -242,9 +244,9 @@ func TestRolesAreConfined(t *testing.T) {
 	})
 
 	t.Run("the dispatcher cannot take jobs", func(t *testing.T) {
-		jsRequest(t, s, disp, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS.jobs-default", map[string]any{"batch": 1})
-		jsRequest(t, s, disp, "$JS.API.CONSUMER.CREATE.FLEET_JOBS.jobs-default.fleet.jobs.default", nil)
-		jsRequest(t, s, disp, "$JS.API.STREAM.DELETE.FLEET_JOBS", nil)
+		jsRequest(t, s, disp, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_default.jobs-default", map[string]any{"batch": 1})
+		jsRequest(t, s, disp, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_default.jobs-default.fleet.jobs.default", nil)
+		jsRequest(t, s, disp, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
 		jsRequest(t, s, disp, "$JS.API.STREAM.PURGE.FLEET_SUBMIT", nil)
 	})
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -101,11 +100,7 @@ func (a *attempt) handle() error {
 		return fmt.Errorf("message metadata: %w", err)
 	}
 	a.delivered = int(meta.NumDelivered)
-	// The dispatcher bounded the request's size at intake; its re-encoding
-	// may be larger (JSON escapes), and is not held against it.
-	lim := w.cfg.Limits
-	lim.MaxRequestBytes = math.MaxInt
-	req, err := job.DecodeRequest(a.msg.Data(), lim)
+	req, err := job.DecodeJob(a.msg.Data())
 	if err == nil {
 		err = req.Validate(w.cfg.Limits)
 	}

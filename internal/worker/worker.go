@@ -423,6 +423,13 @@ func (w *Worker) pull() {
 				return
 			}
 			w.log.Warn("fetch failed", "err", err)
+			if gone(err) {
+				// The pool's consumer or stream was deleted (an operator
+				// moving the pool to a stream of its own): bind again.
+				if cons, err := queue.PoolConsumer(w.pullCtx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err == nil {
+					w.cons = cons
+				}
+			}
 			select {
 			case <-w.pullCtx.Done():
 				return
@@ -550,4 +557,11 @@ func newMetrics(m metric.Meter, w *Worker) metrics {
 		return nil
 	}, slotsGauge)
 	return x
+}
+
+// gone reports a fetch that failed because the consumer or its stream no
+// longer exists.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound)
 }

@@ -47,9 +47,9 @@
 {{- default (printf "%s-shared" (include "fleet.worker.fullname" .)) .Values.worker.sharedPVC.existingClaim }}
 {{- end }}
 
-{{/* The stream of the pools' jobs, as internal/queue names it. */}}
+{{/* The jobs stream of the worker's pool, as internal/queue names it. */}}
 {{- define "fleet.jobsStream" -}}
-{{- printf "%s_JOBS" (.Values.subjectPrefix | replace "." "_" | replace "-" "_" | upper) }}
+{{- printf "%s_JOBS_%s" (.Values.subjectPrefix | replace "-" "_" | upper) .Values.worker.pool }}
 {{- end }}
 
 {{/* Labels. Call with (dict "ctx" $ "component" "worker"). */}}
