@@ -96,7 +96,7 @@ func (p *platform) Capacity(context.Context) (*executor.Capacity, error) {
 	return &executor.Capacity{Health: job.HealthHealthy}, nil
 }
 func (p *platform) Usage(context.Context) map[executor.AttemptID]*job.Usage { return p.usage }
-func (p *platform) Inventory(context.Context) (*job.Inventory, error)        { return p.inv, nil }
+func (p *platform) Inventory(context.Context) (*job.Inventory, error)       { return p.inv, nil }
 
 // TestHeartbeatCarriesUsageAndInventory: each running attempt's usage, as
 // the backend reads it, and the backend's inventory reach the heartbeat in

@@ -103,7 +103,9 @@ spec:
 		t.Errorf("env %v: the template's variables, and the fleet's FLEET_ ones unchanged", c.Env)
 	}
 	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/cache" }) ||
-		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/fleet/data" && m.SubPath == ".fleet-data/job-1" }) {
+		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.MountPath == "/fleet/data" && m.SubPath == ".fleet-data/job-1"
+		}) {
 		t.Errorf("mounts %v", c.VolumeMounts)
 	}
 	if cs := c.SecurityContext; *cs.ReadOnlyRootFilesystem || *cs.AllowPrivilegeEscalation || cs.Capabilities == nil {
