@@ -92,8 +92,16 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 			events := f.Events(t, jobID, 10*time.Second)
 			adopted := find(events, job.EventHeartbeat, job.PhaseAdopted)
 			name := strings.TrimPrefix(c.Names[0], "/")
-			if adopted == nil || !strings.Contains(adopted.Message, name) || count(events, job.EventStarted, "") != 1 {
-				t.Errorf("adopted event %+v (want it to name container %s), %d started events", adopted, name, count(events, job.EventStarted, ""))
+			final := 0
+			for _, e := range events {
+				if e.Type.Final() {
+					final++
+				}
+			}
+			if adopted == nil || !strings.Contains(adopted.Message, name) || count(events, job.EventStarted, "") != 1 ||
+				final != 1 || count(events, job.EventRetryScheduled, "") != 0 {
+				t.Errorf("adopted event %+v (want it to name container %s), %d started events, %d final, %d retries", adopted, name,
+					count(events, job.EventStarted, ""), final, count(events, job.EventRetryScheduled, ""))
 			}
 			waitFor(t, "the adopted container to be removed", 10*time.Second, func() bool { return len(containersOf(t, cli, jobID)) == 0 })
 		})

@@ -133,6 +133,24 @@ func TestPersistOnDocker(t *testing.T) {
 		t.Fatalf("result: %s after %d attempts, stdout %q, history %+v", res.Status, res.Attempts, res.Stdout, res.History)
 	}
 	waitFor(t, "the data volume to go", 5*time.Second, func() bool { return volumes(id) == 0 })
+
+	// A job cancelled while it runs loses its volume too.
+	id = "cancelled-" + job.NewID()[20:]
+	r = checkpointing(id)
+	r.Image, r.PullPolicy = image, job.PullNever
+	r.Command = []string{"/testprog", "write", "$FLEET_DATA/c", "1", "echo", "ready", "sleep", "60s"}
+	f.Submit(t, r)
+	waitFor(t, "the cancelled job to run", 30*time.Second, func() bool {
+		s, err := f.Client.Status(context.Background(), id)
+		return err == nil && s.Job.State == job.StateRunning && volumes(id) == 1
+	})
+	if _, err := f.Client.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.Await(t, id, 30*time.Second); res.Status != job.StatusCancelled {
+		t.Fatalf("the cancelled job: %s %+v", res.Status, res.Failure)
+	}
+	waitFor(t, "the cancelled job's data volume to go", 10*time.Second, func() bool { return volumes(id) == 0 })
 }
 
 func contains(s []string, v string) bool {
