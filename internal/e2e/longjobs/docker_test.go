@@ -156,6 +156,29 @@ func TestDockerLiveUsage(t *testing.T) {
 	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), "usage:     cpu ") {
 		t.Errorf("fleetctl status, as text, shows no usage: %v\n%s", err, out)
 	}
+	// fleetctl top lists the running attempt with what it uses.
+	var top []struct {
+		JobID    string     `json:"job_id"`
+		Attempt  int        `json:"attempt"`
+		WorkerID string     `json:"worker_id"`
+		Usage    *job.Usage `json:"usage"`
+	}
+	waitFor(t, "the spinner in fleetctl top", 5*time.Second, func() bool {
+		cmd := exec.Command(fleettest.Binary(t, "fleetctl"), "top", "--pool", "docker", "-o", "json")
+		cmd.Env = append(cmd.Environ(), f.env...)
+		out, err := cmd.Output()
+		if err != nil || json.Unmarshal(out, &top) != nil || len(top) != 1 {
+			return false
+		}
+		u := top[0].Usage
+		return top[0].JobID == id && top[0].Attempt == 1 && top[0].WorkerID == "spinner-host" &&
+			u != nil && u.CPUPercent != nil && *u.CPUPercent > 50 && u.MemoryBytes != nil && *u.MemoryBytes > 0
+	})
+	cmd = exec.Command(fleettest.Binary(t, "fleetctl"), "top")
+	cmd.Env = append(cmd.Environ(), f.env...)
+	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), id) || !strings.Contains(string(out), "%") {
+		t.Errorf("fleetctl top, as text: %v\n%s", err, out)
+	}
 	if r := f.Await(t, id, time.Minute); r.Status != job.StatusSucceeded {
 		t.Errorf("the spinner: %s %+v", r.Status, r.Failure)
 	}
