@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,7 +80,8 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 				t.Fatalf("the container does not run on without its worker: %+v", list)
 			}
 			stopped := time.Now()
-			f.worker(t, args...)
+			metricsAddr := freeAddr(t)
+			f.worker(t, append(slices.Clone(args), "--metrics-addr", metricsAddr)...)
 
 			r := f.Await(t, jobID, 90*time.Second)
 			t.Logf("result %s after %s (attempts %d)", r.Status, time.Since(stopped).Round(time.Second), r.Attempts)
@@ -104,6 +106,9 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 					count(events, job.EventStarted, ""), final, count(events, job.EventRetryScheduled, ""))
 			}
 			waitFor(t, "the adopted container to be removed", 10*time.Second, func() bool { return len(containersOf(t, cli, jobID)) == 0 })
+			if v, ok := scrape(t, metricsAddr, "fleet_worker_attempts_adopted_total"); !ok || v != 1 {
+				t.Errorf("fleet_worker_attempts_adopted_total of the worker back: %v (found %v), want 1", v, ok)
+			}
 		})
 	}
 }

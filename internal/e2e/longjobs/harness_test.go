@@ -10,11 +10,15 @@ package longjobs
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,4 +147,45 @@ func kubectl(env *kubetest.Env, args ...string) ([]byte, error) {
 func dur(d time.Duration) *job.Duration {
 	v := job.Duration(d)
 	return &v
+}
+
+// freeAddr returns a loopback address no one listens on, for a process the
+// test starts to listen on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// scrape reads the value of a counter or gauge from the Prometheus metrics
+// at addr, summed over its series.
+func scrape(t *testing.T, addr, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	sum, found := 0.0, false
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum, found = sum+v, true
+	}
+	return sum, found
 }
