@@ -42,7 +42,7 @@ func TestConformance(t *testing.T) {
 		Name: "kubernetes",
 		Lacks: map[executortest.Ability]string{
 			executortest.SeparateStderr: "Kubernetes merges a container's stdout and stderr into one log, which the executor reports as stdout",
-			executortest.Usage:          "usage comes from the metrics API, which the test control plane does not serve (TestKubeUsageWithoutAMetricsAPI)",
+			executortest.Usage:          "usage comes from the metrics API, which the test control plane does not serve (TestKubeRBACIsExactlyWhatTheWorkerNeeds asks it and finds it not found)",
 		},
 		Messages: map[string]string{
 			"missing_output": "declared outputs not written: [never.txt]",

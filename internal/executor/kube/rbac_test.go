@@ -182,9 +182,11 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 			t.Errorf("RemoveData: %v", err)
 		}
 		// The test control plane serves no metrics API: the worker may ask,
-		// and is told it is not there.
+		// and is told it is not there; the attempt's usage is unknown.
 		other.running["x"] = &attempt{t: long, req: long.Request}
-		other.Usage(ctx)
+		if u := other.Usage(ctx); len(u) != 0 {
+			t.Errorf("usage %v without a metrics API, want none (unknown)", u)
+		}
 		if err := other.metricsErr; !apierrors.IsNotFound(err) {
 			t.Errorf("the metrics API: %v, want not found (allowed, not served)", err)
 		}
