@@ -71,6 +71,7 @@ func (e *Event) Validate() error {
 	}
 	v.failure("failure", e.Failure)
 	v.traceID(e.TraceID)
+	v.usage("usage", e.Usage)
 	if e.Stream != "" && e.Stream != "stdout" && e.Stream != "stderr" {
 		v.add("stream", "%q must be stdout or stderr", truncate(e.Stream, 40))
 	}
@@ -212,8 +213,45 @@ func (h *Heartbeat) Validate() error {
 		if r.JobID == "" || r.Attempt < 1 || r.StartedAt.IsZero() || r.CPUMilli < 0 || r.MemoryBytes < 0 || r.GPUs < 0 {
 			v.add(fmt.Sprintf("running[%d]", i), "needs job_id, attempt >= 1, started_at and non-negative resources")
 		}
+		v.usage(fmt.Sprintf("running[%d].usage", i), r.Usage)
+	}
+	if inv := h.Inventory; inv != nil {
+		if len(inv.GPUs) > MaxInventoryGPUs || len(inv.Nodes) > MaxInventoryNodes || len(inv.Images) > MaxInventoryImages ||
+			len(inv.PlacementKeys) > MaxNodeSelector*4 {
+			v.add("inventory", "is over its bounds (%d GPU models, %d nodes, %d images, %d placement keys)",
+				MaxInventoryGPUs, MaxInventoryNodes, MaxInventoryImages, MaxNodeSelector*4)
+		}
+		for i, g := range inv.GPUs {
+			if g.Model == "" || g.Count < 1 {
+				v.add(fmt.Sprintf("inventory.gpus[%d]", i), "needs a model and a count of at least 1")
+			}
+		}
+		for i, n := range inv.Nodes {
+			if n.Name == "" {
+				v.add(fmt.Sprintf("inventory.nodes[%d].name", i), "is required")
+			}
+		}
 	}
 	return v.errAs("heartbeat")
+}
+
+// usage checks what an attempt uses: nothing negative, a time.
+func (v *validator) usage(field string, u *Usage) {
+	if u == nil {
+		return
+	}
+	if u.ObservedAt.IsZero() {
+		v.add(field+".observed_at", "is required")
+	}
+	if u.CPUPercent != nil && *u.CPUPercent < 0 {
+		v.add(field+".cpu_percent", "must not be negative")
+	}
+	for _, n := range []*int64{u.MemoryBytes, u.MemoryLimitBytes, u.NetRxBytes, u.NetTxBytes, u.BlockReadBytes, u.BlockWriteBytes, u.Pids} {
+		if n != nil && *n < 0 {
+			v.add(field, "amounts must not be negative")
+			return
+		}
+	}
 }
 
 func (v *validator) failure(field string, f *Failure) {

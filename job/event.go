@@ -56,4 +56,25 @@ type Event struct {
 	// NextAttemptAt and Delay say when a scheduled retry starts.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
 	Delay         *Duration  `json:"delay,omitempty"`
+	// Usage is what the running attempt uses, in some heartbeat events.
+	Usage *Usage `json:"usage,omitempty"`
 }
+
+// Phases of heartbeat events that the fleet itself announces; executors
+// report their backend's own (a pod's Pending, Running).
+const (
+	// PhaseWorkerLost: the worker running the attempt stopped responding.
+	PhaseWorkerLost = "worker_lost"
+	// PhaseAdopted: a worker took over an attempt that outlived the worker
+	// that started it, and follows it to its end.
+	PhaseAdopted = "adopted"
+	// PhaseHandedOff: a stopping worker left the attempt running for
+	// another worker to adopt.
+	PhaseHandedOff = "handed_off"
+	// PhaseAwaitingOwner: the attempt runs where only the worker that
+	// started it can reach it (a Docker host); the job waits for that
+	// worker to come back.
+	PhaseAwaitingOwner = "awaiting_owner"
+	// PhaseUsage: a heartbeat event that carries the attempt's usage.
+	PhaseUsage = "usage"
+)

@@ -61,7 +61,7 @@ var unbounded = job.Limits{MaxRequestBytes: math.MaxInt}
 
 // requestFields are the names a request's validation problems start with.
 var requestProblemRE = regexp.MustCompile(`^(id|run_id|node_id|pool|image|command|command\[\d+\]|env|workdir|pull_policy|` +
-	`resources\.(cpu|memory|gpu)|timeout|queue_timeout|deadline|retry\.(max_attempts|max_lost|initial_backoff|max_backoff|` +
+	`resources\.(cpu|memory|gpu|gpu_model)|persist\.size|placement\.node_selector|timeout|queue_timeout|deadline|retry\.(max_attempts|max_lost|initial_backoff|max_backoff|` +
 	`multiplier|jitter|retry_on|non_retryable_exit_codes|oom_memory_multiplier|max_memory)|inputs|input_refs(\[.*\]\.(bucket|key|sha256|size))?|outputs|labels): `)
 
 // checkProblems asserts that a validation error lists problems, each

@@ -31,6 +31,10 @@ type Heartbeat struct {
 	// Containers counts the backend's containers or pods by state, where the
 	// backend has them.
 	Containers *ContainerCounts `json:"containers,omitempty"`
+	// Inventory is what the worker's backend offers for placement: GPU
+	// models, the nodes' labels, cached images. Bounded (see the Max
+	// constants).
+	Inventory *Inventory `json:"inventory,omitempty"`
 }
 
 // Slots are job slots: one running attempt holds one.
@@ -62,7 +66,63 @@ type RunningAttempt struct {
 	CPUMilli    int64     `json:"cpu_milli"`
 	MemoryBytes int64     `json:"memory_bytes"`
 	GPUs        int       `json:"gpus,omitempty"`
+	// Usage is what the attempt uses now, read from the backend; nil when
+	// the backend cannot tell.
+	Usage *Usage `json:"usage,omitempty"`
 }
+
+// Usage is what a running attempt uses, as its backend reports it at
+// ObservedAt. A field the backend cannot read is absent (nil).
+type Usage struct {
+	ObservedAt time.Time `json:"observed_at"`
+	// CPUPercent is the CPU time used since the previous reading, in
+	// percent of one core: 250 is two and a half cores.
+	CPUPercent       *float64 `json:"cpu_percent,omitempty"`
+	MemoryBytes      *int64   `json:"memory_bytes,omitempty"`
+	MemoryLimitBytes *int64   `json:"memory_limit_bytes,omitempty"`
+	// Network and block I/O, in bytes since the attempt started.
+	NetRxBytes      *int64 `json:"net_rx_bytes,omitempty"`
+	NetTxBytes      *int64 `json:"net_tx_bytes,omitempty"`
+	BlockReadBytes  *int64 `json:"block_read_bytes,omitempty"`
+	BlockWriteBytes *int64 `json:"block_write_bytes,omitempty"`
+	Pids            *int64 `json:"pids,omitempty"`
+}
+
+// Inventory is what a worker's backend offers for placement.
+type Inventory struct {
+	// GPUs lists the GPU models the backend has, each with the most of it
+	// one node (one Docker host) offers.
+	GPUs []GPUModel `json:"gpus,omitempty"`
+	// PlacementKeys are the label keys requests may select nodes by
+	// (placement.node_selector).
+	PlacementKeys []string `json:"placement_keys,omitempty"`
+	// Nodes lists, on Kubernetes, the nodes the worker can see with their
+	// labels of the placement keys and the GPU model label; at most
+	// MaxInventoryNodes.
+	Nodes []Node `json:"nodes,omitempty"`
+	// Images lists images cached on the Docker host, at most
+	// MaxInventoryImages.
+	Images []string `json:"images,omitempty"`
+}
+
+// GPUModel is a GPU model and how many of it one node offers.
+type GPUModel struct {
+	Model string `json:"model"`
+	Count int    `json:"count"`
+}
+
+// Node is a Kubernetes node as a worker's inventory shows it.
+type Node struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Bounds of a heartbeat's inventory.
+const (
+	MaxInventoryNodes  = 64
+	MaxInventoryImages = 256
+	MaxInventoryGPUs   = 16
+)
 
 // Host describes the machine behind the worker's backend.
 type Host struct {

@@ -75,6 +75,11 @@ type Request struct {
 	// carried in the result.
 	Outputs []string          `json:"outputs,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// Persist asks for a data directory that every attempt of the job
+	// sees, in $FLEET_DATA (see Persist).
+	Persist *Persist `json:"persist,omitempty"`
+	// Placement says where the job may run, among what its pool allows.
+	Placement *Placement `json:"placement,omitempty"`
 }
 
 // Resources a job needs. Quantities use Kubernetes notation.
@@ -82,6 +87,10 @@ type Resources struct {
 	CPU    string `json:"cpu,omitempty"`
 	Memory string `json:"memory,omitempty"`
 	GPU    int    `json:"gpu,omitempty"`
+	// GPUModel asks for GPUs of one model, as the node label
+	// nvidia.com/gpu.product names it ("H100", "NVIDIA-A100-SXM4-80GB"):
+	// a node selector on Kubernetes, devices of that model on Docker.
+	GPUModel string `json:"gpu_model,omitempty"`
 }
 
 // CPUMilli returns the CPU request in millicores. The request must be valid.
@@ -294,6 +303,12 @@ func (r *Request) Normalize() {
 	if p.OOMMemoryMultiplier > 1 && p.MaxMemory == "" {
 		p.MaxMemory = FormatMemory(4 * r.Resources.MemoryBytes())
 	}
+	if r.Persist != nil && !r.Persist.Enabled {
+		r.Persist = nil
+	}
+	if r.Placement != nil && len(r.Placement.NodeSelector) == 0 {
+		r.Placement = nil
+	}
 }
 
 // Clone returns a deep copy of r.
@@ -328,6 +343,11 @@ func (r *Request) Clone() *Request {
 		}
 		c.Retry = &p
 	}
+	if r.Persist != nil {
+		p := *r.Persist
+		c.Persist = &p
+	}
+	c.Placement = r.Placement.Clone()
 	return &c
 }
 

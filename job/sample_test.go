@@ -19,7 +19,7 @@ func sampleEvent() *job.Event {
 		JobID: "j1", Attempt: 1, Type: job.EventRetryScheduled, Time: t0, WorkerID: "w1", Pool: "default",
 		Backend: "process", ExitCode: &code3, Failure: job.Failf(job.ClassExecution, job.CodeExitCode, "exited with code 3"),
 		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Message: "m", Phase: "Running", Stream: "stderr", Line: "l",
-		NextAttemptAt: &t0, Delay: &delay,
+		NextAttemptAt: &t0, Delay: &delay, Usage: sampleUsage(),
 	}
 }
 
@@ -47,8 +47,16 @@ func sampleHeartbeat() *job.Heartbeat {
 		CPUMilli:    job.Amount{Total: &total, Reserved: 1000, Available: &avail},
 		MemoryBytes: job.Amount{Reserved: 5},
 		GPUs:        job.GPUs{Total: 1},
-		Running:     []job.RunningAttempt{{JobID: "j", Attempt: 1, StartedAt: t0, CPUMilli: 1000, MemoryBytes: 5, GPUs: 1}},
+		Running:     []job.RunningAttempt{{JobID: "j", Attempt: 1, StartedAt: t0, CPUMilli: 1000, MemoryBytes: 5, GPUs: 1, Usage: sampleUsage()}},
 		Host:        &job.Host{Hostname: "h", OS: "linux", Arch: "amd64", KernelVersion: "k", BackendVersion: "b", Cores: 2, Load1: 1, Load5: 1, Load15: 1, MemoryTotalBytes: 1, MemoryUsedBytes: 1},
 		Containers:  &job.ContainerCounts{Running: 1},
+		Inventory: &job.Inventory{GPUs: []job.GPUModel{{Model: "H100", Count: 2}}, PlacementKeys: []string{"zone"},
+			Nodes: []job.Node{{Name: "n1", Labels: map[string]string{"zone": "a"}}}, Images: []string{"alpine:3"}},
 	}
+}
+
+func sampleUsage() *job.Usage {
+	cpu, n := 12.5, int64(7)
+	return &job.Usage{ObservedAt: t0, CPUPercent: &cpu, MemoryBytes: &n, MemoryLimitBytes: &n, NetRxBytes: &n, NetTxBytes: &n,
+		BlockReadBytes: &n, BlockWriteBytes: &n, Pids: &n}
 }

@@ -174,7 +174,9 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 	size := int64(3)
 	r := &job.Request{Command: []string{"true"}, Env: map[string]string{"A": "b"},
 		InputRefs: map[string]job.InputRef{"in.bin": {Bucket: "fleet-uploads", Key: "u/in.bin", Size: &size,
-			SHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}}}
+			SHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}},
+		Resources: &job.Resources{GPU: 1, GPUModel: "H100"}, Persist: &job.Persist{Enabled: true, Size: "1Gi"},
+		Placement: &job.Placement{NodeSelector: map[string]string{"zone": "a"}}}
 	r.Normalize()
 	for kind, doc := range map[string]any{
 		"request":   r,

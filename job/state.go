@@ -56,6 +56,14 @@ type Record struct {
 	// SubmitSeq is the submission's sequence in the submit stream, which
 	// tells a redelivered submission from a new one with the same id.
 	SubmitSeq uint64 `json:"submit_seq,omitempty"`
+	// AwaitingSince is set while the job waits for the worker that started
+	// its running attempt to come back, the only one that can reach it (a
+	// Docker host): after the worker's --adopt-wait the attempt is lost.
+	AwaitingSince *time.Time `json:"awaiting_since,omitempty"`
+	// Adoptions counts how many times a running attempt of the job was
+	// adopted by a worker other than the one, or the life of it, that
+	// started it.
+	Adoptions int `json:"adoptions,omitempty"`
 	// MemoryOverride is the memory limit raised by an OOM retry, if any.
 	MemoryOverride string            `json:"memory_override,omitempty"`
 	TraceID        string            `json:"trace_id,omitempty"`

@@ -180,6 +180,34 @@ func (r *Request) Validate(l Limits) error {
 		if res.GPU < 0 || res.GPU > l.MaxGPU {
 			v.add("resources.gpu", "%d must be between 0 and %d", res.GPU, l.MaxGPU)
 		}
+		if res.GPUModel != "" {
+			if err := ValidateLabel(GPUModelLabel, res.GPUModel); err != nil || res.GPUModel == "" {
+				v.add("resources.gpu_model", "%q must be at most 63 characters of [A-Za-z0-9_.-], starting and ending with a letter or digit", truncate(res.GPUModel, 70))
+			}
+			if res.GPU < 1 {
+				v.add("resources.gpu_model", "asks for a GPU model, but resources.gpu is %d", res.GPU)
+			}
+		}
+	}
+	if p := r.Persist; p != nil && p.Size != "" {
+		if b, err := ParseMemory(p.Size); err != nil {
+			v.add("persist.size", "%v", err)
+		} else if b < 1<<20 {
+			v.add("persist.size", "%q is below the minimum of 1Mi", p.Size)
+		}
+	}
+	if p := r.Placement; p != nil {
+		if len(p.NodeSelector) > MaxNodeSelector {
+			v.add("placement.node_selector", "has %d entries, over the limit of %d", len(p.NodeSelector), MaxNodeSelector)
+		}
+		for _, k := range sortedKeys(p.NodeSelector) {
+			if err := ValidateLabel(k, p.NodeSelector[k]); err != nil {
+				v.add("placement.node_selector", "%v", err)
+			}
+		}
+		if m, ok := p.NodeSelector[GPUModelLabel]; ok && r.Resources != nil && r.Resources.GPUModel != "" && m != r.Resources.GPUModel {
+			v.add("placement.node_selector", "%s is %q, but resources.gpu_model is %q", GPUModelLabel, m, r.Resources.GPUModel)
+		}
 	}
 
 	v.duration("timeout", r.Timeout, l.MaxTimeout)

@@ -293,8 +293,16 @@ func status(ctx context.Context, e *env, id string) error {
 		}
 		return err
 	}
+	// While it runs, what it uses, from its worker's heartbeat.
+	var usage *job.Usage
+	if s.Job.State == job.StateRunning {
+		usage, _ = attemptUsage(ctx, e, s.Job.Pool, s.Job.ID, s.Job.Attempt)
+	}
 	if e.json() {
-		return writeJSON(e.stdout, s)
+		return writeJSON(e.stdout, struct {
+			*job.StatusReply
+			Usage *job.Usage `json:"usage,omitempty"`
+		}{s, usage})
 	}
 	j := s.Job
 	fmt.Fprintf(e.stdout, "job:       %s\nstate:     %s\npool:      %s\n", j.ID, j.State, j.Pool)
@@ -311,6 +319,14 @@ func status(ctx context.Context, e *env, id string) error {
 	}
 	if j.Failure != nil {
 		fmt.Fprintf(e.stdout, "failure:   %s (%s): %s\n", j.Failure.Class, j.Failure.Code, j.Failure.Message)
+	}
+	if j.Adoptions > 0 {
+		fmt.Fprintf(e.stdout, "adopted:   %d time(s)\n", j.Adoptions)
+	}
+	if usage != nil {
+		cpu, mem, net, blk, pids := usageColumns(usage)
+		fmt.Fprintf(e.stdout, "usage:     cpu %s, memory %s, net rx/tx %s, block r/w %s, pids %s (at %s)\n",
+			cpu, mem, net, blk, pids, usage.ObservedAt.Local().Format(time.TimeOnly))
 	}
 	if s.Result != nil {
 		printResult(e.stdout, s.Result)

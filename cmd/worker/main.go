@@ -40,6 +40,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -92,6 +93,14 @@ type flags struct {
 	jobTTL           time.Duration
 	sharedPVC        string
 	sharedDir        string
+	podTemplate      string
+	// adoption, placement, data
+	handoff       bool
+	adoptWait     time.Duration
+	placementKeys string
+	dockerConfig  string
+	nvidiaSMI     string
+	dataRetention time.Duration
 }
 
 func run(args []string) error {
@@ -137,6 +146,13 @@ func run(args []string) error {
 	fs.DurationVar(&f.jobTTL, "job-ttl", kube.DefaultTTLAfterFinished, "kubernetes: ttlSecondsAfterFinished of the Jobs")
 	fs.StringVar(&f.sharedPVC, "shared-pvc", "", "kubernetes: a PersistentVolumeClaim the worker also mounts, through which outputs are collected")
 	fs.StringVar(&f.sharedDir, "shared-dir", "", "kubernetes: where the worker mounts --shared-pvc")
+	fs.StringVar(&f.podTemplate, "pod-template", "", "kubernetes: a PodTemplateSpec (YAML) every attempt's pod is built on: node selector, tolerations, affinity, pull secrets, service account...")
+	fs.BoolVar(&f.handoff, "handoff", false, "docker, kubernetes: on SIGTERM, leave running attempts running for another worker (Kubernetes) or this worker restarted with the same id (Docker) to adopt, instead of draining")
+	fs.DurationVar(&f.adoptWait, "adopt-wait", worker.DefaultAdoptWait, "how long a job waits for the worker that started its running attempt when only that worker can reach it (another Docker host); then the attempt is lost")
+	fs.StringVar(&f.placementKeys, "placement-keys", "", "comma-separated node label keys requests may select with placement.node_selector (nvidia.com/gpu.product always)")
+	fs.StringVar(&f.dockerConfig, "docker-config", "", "docker: a Docker client config.json whose auths (or credential helpers) give private registries' credentials for pulls")
+	fs.StringVar(&f.nvidiaSMI, "nvidia-smi", "", "docker: the nvidia-smi that lists the host's GPUs and models (default: the one on the PATH; - for none)")
+	fs.DurationVar(&f.dataRetention, "data-retention", worker.DefaultDataRetention, "how long a job's data directory (persist) may live whatever its job's state")
 	fs.Usage = cli.Usage(fs, "usage: worker [flags]")
 	if err := cli.Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -175,10 +191,20 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
+	if _, adopts := exec.(executor.Adopter); f.handoff && !adopts {
+		return fmt.Errorf("--handoff: the %s executor's attempts cannot outlive the worker; it drains instead", f.executor)
+	}
+	var usage *executor.UsageSampler
+	if r, ok := exec.(executor.UsageReader); ok {
+		// One reading serves the heartbeat and the attempts' events.
+		usage = executor.NewUsageSampler(r, max(f.heartbeat/2, 500*time.Millisecond))
+	}
 	cfg := worker.Config{
 		ID: f.id, Pool: f.pool, Slots: f.slots, Backend: f.executor,
-		Queue:  queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
-		Limits: job.Limits{MaxInputRefBytes: f.maxInputRef},
+		Queue:     queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
+		Limits:    job.Limits{MaxInputRefBytes: f.maxInputRef},
+		Handoff:   f.handoff,
+		AdoptWait: f.adoptWait, Usage: usage, DataRetention: f.dataRetention,
 		Logger: log,
 	}.WithDefaults()
 	if cfg.Artifacts, cfg.ArtifactLimits, err = artifactStore(nc, &f); err != nil {
@@ -192,6 +218,7 @@ func run(args []string) error {
 			return err
 		}
 		lc.Draining = func() bool { return w != nil && w.Draining() }
+		lc.Usage = usage
 		lc.Logger = log
 		// go-redis' global logger: its lines go to debug, since the ledger
 		// reports an outage once itself (set here, not by the package).
@@ -290,20 +317,31 @@ func ledgerConfig(f *flags, cfg worker.Config, exec executor.Executor) (ledger.C
 		}
 		rc.MemoryBytes = &v
 	}
-	if f.labels != "" {
-		rc.Labels = map[string]string{}
-		for _, kv := range strings.Split(f.labels, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				return rc, fmt.Errorf("--labels: %q is not k=v", kv)
-			}
-			if err := job.ValidateLabel(k, v); err != nil {
-				return rc, fmt.Errorf("--labels: %w", err)
-			}
-			rc.Labels[k] = v
-		}
+	labels, err := parseLabels(f.labels)
+	if err != nil {
+		return rc, err
 	}
+	rc.Labels = labels
 	return rc, nil
+}
+
+// parseLabels reads --labels: k=v,k2=v2.
+func parseLabels(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	labels := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--labels: %q is not k=v", kv)
+		}
+		if err := job.ValidateLabel(k, v); err != nil {
+			return nil, fmt.Errorf("--labels: %w", err)
+		}
+		labels[k] = v
+	}
+	return labels, nil
 }
 
 func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (executor.Executor, func(), error) {
@@ -312,17 +350,35 @@ func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (executor.Exec
 	if err != nil {
 		return nil, nothing, err
 	}
+	data, err := filepath.Abs(filepath.Join(f.dataDir, "jobdata"))
+	if err != nil {
+		return nil, nothing, err
+	}
 	outputs := workspace.Limits{MaxOutputBytes: f.maxOutput}
+	labels, err := parseLabels(f.labels)
+	if err != nil {
+		return nil, nothing, err
+	}
+	keys := splitList(f.placementKeys)
+	for _, k := range keys {
+		if err := job.ValidateLabel(k, ""); err != nil {
+			return nil, nothing, fmt.Errorf("--placement-keys: %w", err)
+		}
+	}
+	if f.podTemplate != "" && f.executor != "kubernetes" {
+		return nil, nothing, fmt.Errorf("--pod-template: only the kubernetes executor builds pods")
+	}
 	switch f.executor {
 	case "process":
-		e, err := process.New(process.Config{Dir: attempts, Grace: f.grace, KeepFailed: f.keepFailed, Outputs: outputs})
+		e, err := process.New(process.Config{Dir: attempts, DataDir: data, Grace: f.grace, KeepFailed: f.keepFailed, Outputs: outputs,
+			Labels: labels, PlacementKeys: keys})
 		return e, nothing, err
 	case "noop":
 		return noop.Executor{}, nothing, nil
 	case "docker":
-		e, err := docker.New(docker.Config{Host: f.dockerHost, Dir: attempts, AllowedImages: splitList(f.allowedImages),
+		e, err := docker.New(docker.Config{Host: f.dockerHost, Dir: attempts, DataDir: data, AllowedImages: splitList(f.allowedImages),
 			Network: f.dockerNetwork, User: f.dockerUser, GPUs: f.gpus, Grace: f.grace, KeepFailed: f.keepFailed,
-			Outputs: outputs, Logger: log})
+			Outputs: outputs, Labels: labels, PlacementKeys: keys, NvidiaSMI: f.nvidiaSMI, DockerConfig: f.dockerConfig, Logger: log})
 		if err != nil {
 			return nil, nothing, err
 		}
@@ -342,7 +398,13 @@ func newExecutor(ctx context.Context, f *flags, log *slog.Logger) (executor.Exec
 		if f.namespace != "" {
 			ns = f.namespace
 		}
-		e, err := kube.New(kube.Config{Client: client, Namespace: ns, WorkerID: f.id,
+		var tmpl *corev1.PodTemplateSpec
+		if f.podTemplate != "" {
+			if tmpl, err = kube.LoadPodTemplate(f.podTemplate); err != nil {
+				return nil, nothing, fmt.Errorf("--pod-template: %w", err)
+			}
+		}
+		e, err := kube.New(kube.Config{Client: client, Namespace: ns, WorkerID: f.id, PodTemplate: tmpl, PlacementKeys: keys,
 			CPULimitRatio: f.cpuLimitRatio, MemoryLimitRatio: f.memoryLimitRatio,
 			ImagePullWait: f.imagePullWait, PendingWait: f.pendingWait, Grace: f.grace, TTLAfterFinished: f.jobTTL,
 			SharedPVC: f.sharedPVC, SharedDir: f.sharedDir, Outputs: outputs, Logger: log})

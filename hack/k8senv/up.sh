@@ -334,12 +334,52 @@ status:
     nvidia.com/gpu: "2"
 EOF
 
+# A second node with GPUs of one model, tainted as GPU nodes often are:
+# only pods that tolerate gpu=true:NoSchedule land there.
+kubectl apply -f - >>"$run/logs/setup.log" <<'EOF2'
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-h100
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: gpu-h100
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    nvidia.com/gpu.product: H100
+spec:
+  taints:
+  - key: gpu
+    value: "true"
+    effect: NoSchedule
+status:
+  capacity:
+    cpu: "8"
+    memory: 32Gi
+    pods: "110"
+    ephemeral-storage: 100Gi
+    nvidia.com/gpu: "4"
+  allocatable:
+    cpu: "8"
+    memory: 32Gi
+    pods: "110"
+    ephemeral-storage: 100Gi
+    nvidia.com/gpu: "4"
+EOF2
+
 node_schedulable() {
 	local out
 	out="$(kubectl get node fake -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}|{.spec.taints}')"
 	[[ "$out" == "True|" ]]
 }
 wait_for kwok "node fake to be Ready and untainted" node_schedulable
+gpu_node_ready() {
+	[[ "$(kubectl get node gpu-h100 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == "True" ]]
+}
+wait_for kwok "node gpu-h100 to be Ready" gpu_node_ready
 wait_for kube-controller-manager "the controller manager to be healthy" \
 	kubectl get --raw "/healthz" --server="https://127.0.0.1:${kcm_port}"
 wait_for kube-scheduler "the scheduler to be healthy" \

@@ -344,6 +344,9 @@ type jobData struct {
 	Trace  string
 	Cancel bool // cancel applies
 	Retry  bool // retry applies: a dead letter exists
+	// Usage is what the running attempt uses, from its worker's heartbeat;
+	// empty when it does not run or its backend cannot tell.
+	Usage string
 }
 
 func (c *Console) jobPage(ctx context.Context, r *http.Request, v *view) error {
@@ -370,8 +373,44 @@ func (c *Console) fillJob(ctx context.Context, id string, tl *timeline, v *view,
 	st := d.Record.State
 	jd.Cancel = !st.Final() && st != job.StateRejected && !d.Record.CancelRequested
 	jd.Retry = (st == job.StateFailed || st == job.StateTimedOut) && d.FromDLQ
+	if st == job.StateRunning && c.work != nil {
+		live, _, _, _, _ := c.work.snapshot()
+		jd.Usage = usageOf(live, d.Record)
+	}
 	v.Data = jd
 	return nil
+}
+
+// usageOf describes what a running job's attempt uses, as its worker's
+// heartbeat says.
+func usageOf(live []*job.Heartbeat, rec *job.Record) string {
+	for _, hb := range live {
+		if hb.WorkerID != rec.WorkerID {
+			continue
+		}
+		for _, r := range hb.Running {
+			if r.JobID != rec.ID || r.Attempt != rec.Attempt || r.Usage == nil {
+				continue
+			}
+			u := r.Usage
+			var parts []string
+			if u.CPUPercent != nil {
+				parts = append(parts, fmt.Sprintf("cpu %.0f%%", *u.CPUPercent))
+			}
+			if u.MemoryBytes != nil {
+				m := "memory " + job.FormatMemory(*u.MemoryBytes/(1<<20)*(1<<20))
+				if u.MemoryLimitBytes != nil {
+					m += " of " + job.FormatMemory(*u.MemoryLimitBytes/(1<<20)*(1<<20))
+				}
+				parts = append(parts, m)
+			}
+			if u.Pids != nil {
+				parts = append(parts, fmt.Sprintf("%d processes", *u.Pids))
+			}
+			return strings.Join(parts, " · ")
+		}
+	}
+	return ""
 }
 
 // Workers.

@@ -11,11 +11,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,58 +69,66 @@ func Client(t testing.TB) *client.Client {
 
 var built struct {
 	once sync.Once
+	tag  string
 	err  error
 }
 
 // TestImage builds the test image on the daemon, once per test binary, and
-// returns its tag. It requires a daemon as Client does.
+// returns the tag of this build: Image's repository with a tag named after
+// the program's content. Test binaries of other source trees that share
+// the daemon may tag Image with another program at any moment; this tag
+// keeps naming this one. It requires a daemon as Client does.
 func TestImage(t testing.TB) string {
 	t.Helper()
 	cli := Client(t)
 	built.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		built.err = BuildImage(ctx, cli, Image)
+		built.tag, built.err = BuildImage(ctx, cli, Image)
 	})
 	if built.err != nil {
 		t.Fatalf("build the test image: %v", built.err)
 	}
-	return Image
+	return built.tag
 }
 
-// BuildImage compiles testprog and builds an image of it tagged tag: the
-// program is /testprog, and also /bin/true, where it exits 0 at once; the
-// image's default command echoes a greeting.
-func BuildImage(ctx context.Context, cli client.APIClient, tag string) error {
+// BuildImage compiles testprog and builds an image of it tagged tag, and
+// tagged with tag's repository and a tag named after the program's content,
+// which it returns: the program is /testprog, and also /bin/true, where it
+// exits 0 at once; the image's default command echoes a greeting.
+func BuildImage(ctx context.Context, cli client.APIClient, tag string) (string, error) {
 	dir, err := os.MkdirTemp("", "fleet-testprog")
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "testprog")
 	if err := compile(ctx, bin); err != nil {
-		return err
+		return "", err
 	}
 	prog, err := os.ReadFile(bin)
 	if err != nil {
-		return err
+		return "", err
 	}
+	sum := sha256.Sum256(prog)
+	repo, _, _ := strings.Cut(tag, ":")
+	own := repo + ":" + hex.EncodeToString(sum[:6])
 	buildCtx, err := tarball(map[string][]byte{
 		"Dockerfile": []byte("FROM scratch\nCOPY testprog /testprog\nCOPY testprog /bin/true\nCMD [\"/testprog\", \"echo\", \"hello from testprog\"]\n"),
 		"testprog":   prog,
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
 	resp, err := cli.ImageBuild(ctx, buildCtx, build.ImageBuildOptions{
-		Tags: []string{tag}, Remove: true, ForceRemove: true,
+		Tags: []string{tag, own}, Remove: true, ForceRemove: true,
 		Labels: map[string]string{"fleet.test": "true"},
 	})
 	if err != nil {
-		return fmt.Errorf("image build: %w", err)
+		return "", fmt.Errorf("image build: %w", err)
 	}
 	defer resp.Body.Close()
-	return jsonmessage.DisplayJSONMessagesStream(resp.Body, io.Discard, 0, false, nil)
+	return own, jsonmessage.DisplayJSONMessagesStream(resp.Body, io.Discard, 0, false, nil)
 }
 
 // compile builds testprog as a static Linux binary for the daemon's

@@ -142,7 +142,13 @@ type Capacity struct {
 // then says why the worker ended the attempt (ClassTimeout or
 // ClassCancelled). stopped is nil when the attempt ended by itself.
 func Supervise[T any](ctx context.Context, timeout time.Duration, exited <-chan T, stop func() (T, string)) (end T, stopped *job.Failure) {
-	timer := time.NewTimer(timeout)
+	return SuperviseLeft(ctx, timeout, timeout, exited, stop)
+}
+
+// SuperviseLeft is Supervise of an attempt that has left of its timeout
+// (an adopted attempt, which started before it was adopted).
+func SuperviseLeft[T any](ctx context.Context, timeout, left time.Duration, exited <-chan T, stop func() (T, string)) (end T, stopped *job.Failure) {
+	timer := time.NewTimer(max(left, time.Millisecond))
 	defer timer.Stop()
 	select {
 	case end = <-exited:

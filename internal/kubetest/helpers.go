@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,12 +15,15 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // callTimeout bounds each API call a helper makes.
@@ -216,4 +220,98 @@ func (e *Env) SetPodLogs(t testing.TB, namespace string, lines ...string) {
 		}
 		_ = os.Remove(path)
 	})
+}
+
+// SharedVolume makes a ReadWriteMany claim named claim in namespace, bound
+// to a hostPath volume at dir (pods run nothing, so the test and the
+// workers in this process use dir as the volume), and waits until it is
+// bound.
+func (e *Env) SharedVolume(t testing.TB, namespace, claim, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	rwx := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+	size := corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}
+	pv, err := e.Client.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: namespace + "-" + claim},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes: rwx, Capacity: size, StorageClassName: "manual",
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
+			ClaimRef:               &corev1.ObjectReference{Namespace: namespace, Name: claim},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("kubetest: create volume: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = e.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
+	manual := "manual"
+	_, err = e.Client.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: claim},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: rwx, StorageClassName: &manual,
+			Resources: corev1.VolumeResourceRequirements{Requests: size}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("kubetest: create claim: %v", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, callTimeout, true, func(ctx context.Context) (bool, error) {
+		c, err := e.Client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, claim, metav1.GetOptions{})
+		return err == nil && c.Status.Phase == corev1.ClaimBound, nil
+	})
+	if err != nil {
+		t.Fatalf("kubetest: claim %s/%s is not bound: %v", namespace, claim, err)
+	}
+}
+
+// KubeconfigFor writes a kubeconfig file that authenticates as the
+// ServiceAccount namespace/serviceAccount (see ConfigFor), for a process
+// the test starts, and returns its path.
+func (e *Env) KubeconfigFor(t testing.TB, namespace, serviceAccount string) string {
+	t.Helper()
+	cfg := e.ConfigFor(t, namespace, serviceAccount)
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["kubetest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	if len(cfg.CAData) == 0 && cfg.CAFile != "" {
+		kc.Clusters["kubetest"].CertificateAuthority = cfg.CAFile
+	}
+	kc.AuthInfos[serviceAccount] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: serviceAccount, Namespace: namespace}
+	kc.CurrentContext = "kubetest"
+	path := filepath.Join(t.TempDir(), serviceAccount+".kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatalf("kubetest: write kubeconfig: %v", err)
+	}
+	return path
+}
+
+// Apply applies a manifest file with kubectl, into namespace when it is
+// not empty.
+func (e *Env) Apply(t testing.TB, namespace, file string) {
+	t.Helper()
+	args := []string{"--kubeconfig", e.KubeconfigPath, "apply", "-f", file}
+	if namespace != "" {
+		args = append(args, "-n", namespace)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, e.Kubectl, args...).CombinedOutput(); err != nil {
+		t.Fatalf("kubetest: kubectl apply %s: %v\n%s", file, err, out)
+	}
+}
+
+// Restrict makes the API server refuse, in namespace, pods that do not
+// meet the "restricted" Pod Security Standard.
+func (e *Env) Restrict(t testing.TB, namespace string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	n, err := e.Client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
+	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := e.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("kubetest: restrict namespace %s: %v", namespace, err)
+	}
 }

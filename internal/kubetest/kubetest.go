@@ -36,7 +36,8 @@ import (
 )
 
 // Pod annotations understood by the kwok Stages of hack/k8senv/stages. Set them
-// on a Job's pod template.
+// on a Job's pod template, or as labels of the same names (a fleet request's
+// labels, which go onto its pod) where the pod has no such annotation.
 const (
 	// AnnotationDuration is how long a pod runs before it ends, as a Go
 	// duration ("1500ms", "1h"). Defaults to 1s.
@@ -53,6 +54,10 @@ const (
 // container waiting in ErrImagePull, then ImagePullBackOff; or, with
 // imagePullPolicy Never, in ErrImageNeverPull.
 const MissingImageMarker = "does-not-exist"
+
+// GPUNode is the second node of the control plane: four GPUs of model H100
+// (label nvidia.com/gpu.product), tainted gpu=true:NoSchedule.
+const GPUNode = "gpu-h100"
 
 // Env is a running control plane.
 type Env struct {

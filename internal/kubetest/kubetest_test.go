@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -247,5 +248,68 @@ func TestServiceAccountRBAC(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "system:serviceaccount:"+ns+":fleet-worker") {
 		t.Errorf("Forbidden error does not name the service account: %v", err)
+	}
+}
+
+// TestLabelsSteerAPodWithoutAnnotations: a pod's labels of the annotations'
+// names steer it when it has no such annotation.
+func TestLabelsSteerAPodWithoutAnnotations(t *testing.T) {
+	t.Parallel()
+	env := kubetest.Start(t)
+	ns := env.NewNamespace(t)
+	j := newJob("labelled", nil)
+	j.Spec.Template.Labels = map[string]string{kubetest.AnnotationExitCode: "4", kubetest.AnnotationDuration: "1500ms"}
+	begin := time.Now()
+	createJob(t, env.Client, ns, j)
+	env.WaitForJobCondition(t, ns, "labelled", batchv1.JobFailed, time.Minute)
+	if took := time.Since(begin); took < 1500*time.Millisecond {
+		t.Errorf("the pod ended after %s, before the duration of its label", took)
+	}
+	pods := jobPods(t, env.Client, ns, "labelled")
+	if len(pods) != 1 {
+		t.Fatalf("got %d pods, want 1", len(pods))
+	}
+	if term := pods[0].Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 4 {
+		t.Errorf("container state = %+v, want terminated with exit code 4", pods[0].Status.ContainerStatuses[0].State)
+	}
+}
+
+// TestGPUNodeTakesOnlyPodsThatTolerateItsTaint: the GPU node is tainted,
+// and labelled with its GPU model.
+func TestGPUNodeTakesOnlyPodsThatTolerateItsTaint(t *testing.T) {
+	t.Parallel()
+	env := kubetest.Start(t)
+	ns := env.NewNamespace(t)
+	gpu := func(name string, tolerate bool) *batchv1.Job {
+		j := newJob(name, map[string]string{kubetest.AnnotationDuration: "500ms"})
+		j.Spec.Template.Spec.NodeSelector = map[string]string{"nvidia.com/gpu.product": "H100"}
+		j.Spec.Template.Spec.Containers[0].Resources = corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}
+		if tolerate {
+			j.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+		}
+		return j
+	}
+	createJob(t, env.Client, ns, gpu("tolerates", true))
+	createJob(t, env.Client, ns, gpu("intolerant", false))
+	env.WaitForJobCondition(t, ns, "tolerates", batchv1.JobComplete, time.Minute)
+	if pods := jobPods(t, env.Client, ns, "tolerates"); len(pods) != 1 || pods[0].Spec.NodeName != kubetest.GPUNode {
+		t.Errorf("the pod that tolerates the taint: %d pods, on %q", len(pods), pods[0].Spec.NodeName)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pods := jobPods(t, env.Client, ns, "intolerant")
+		if len(pods) == 1 {
+			for _, c := range pods[0].Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable {
+					t.Logf("unschedulable: %s", c.Message)
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod that does not tolerate the taint is not unschedulable: %+v", pods)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -50,6 +50,10 @@ type attempt struct {
 	logMu sync.Mutex
 	logs  int
 	hbSeq int
+	// seqBase numbers the log and heartbeat events of an adopted attempt
+	// apart from those of the lives before, whose ids JetStream would take
+	// for duplicates.
+	seqBase int
 
 	releaseLease func() // gives the attempt's capacity lease back; nil without one
 	slotFreed    bool
@@ -156,16 +160,19 @@ func (a *attempt) handle() error {
 		_ = a.settle(ctx, action{verb: doLater})
 		return err
 	}
-	if act.verb != doRun {
-		return a.settle(ctx, act)
+	switch act.verb {
+	case doRun:
+		return a.run(ctx, act)
+	case doAdopt:
+		return a.adopt(ctx, act)
 	}
-	return a.run(ctx, act)
+	return a.settle(ctx, act)
 }
 
 // situation gathers what the worker knows now, for decide.
 func (a *attempt) situation() *situation {
 	return &situation{rec: a.rec, req: a.req, submitted: a.sub, now: time.Now(),
-		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry, recheck: a.w.cfg.Queue.AckWait}
+		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry, recheck: a.w.cfg.Queue.AckWait, adoptWait: a.w.cfg.AdoptWait}
 }
 
 // decide completes s with what it needs from outside (the stored result,
@@ -188,11 +195,18 @@ func (a *attempt) decide(ctx context.Context, s *situation) (action, error) {
 		}
 		s.result = res
 	}
+	if err := a.lookup(ctx, s); err != nil {
+		return action{}, err
+	}
 	if v, ok := a.w.exec.(executor.Validator); ok && s.outcome == nil {
 		if err := v.Validate(a.req); err != nil {
 			s.refused = fmt.Errorf("%s executor cannot run it: %w", a.w.cfg.Backend, err)
 		}
 	}
+	if f, ok := a.w.exec.(executor.Fitter); ok && s.outcome == nil && s.refused == nil {
+		s.misfit = f.Fits(a.req)
+	}
+	a.preferPeer(ctx, s)
 	return decide(s), nil
 }
 
@@ -285,7 +299,18 @@ func (a *attempt) run(ctx context.Context, act action) error {
 		Artifacts: a.openArtifacts()})
 	stopProgress()
 	a.freeSlot()
+	return a.ended(ctx, out, err, deadlineBound)
+}
 
+// ended settles how an attempt that ran, or was adopted, ended: its outcome
+// or the executor's error.
+func (a *attempt) ended(ctx context.Context, out *executor.Outcome, err error, deadlineBound bool) error {
+	w := a.w
+	handedOff := errors.Is(err, executor.ErrHandedOff)
+	if handedOff {
+		err = nil
+		out = executor.CancelledOutcome(a.ctx, time.Time{})
+	}
 	if err != nil {
 		f, ok := err.(*job.Failure)
 		if !ok {
@@ -302,9 +327,10 @@ func (a *attempt) run(ctx context.Context, act action) error {
 	w.m.duration.Record(ctx, out.FinishedAt.Sub(out.StartedAt).Seconds(), w.m.byStatus(out.Status))
 
 	s := a.situation()
-	s.outcome, s.deadlineBound = out, deadlineBound
-	s.handedBack = errors.Is(context.Cause(a.ctx), executor.ErrHandBack)
-	a.closeArtifacts(ctx, out, s.handedBack)
+	s.outcome, s.deadlineBound, s.handedOff = out, deadlineBound, handedOff
+	cause := context.Cause(a.ctx)
+	s.handedBack = errors.Is(cause, executor.ErrHandBack) || errors.Is(cause, executor.ErrHandOff)
+	a.closeArtifacts(ctx, out, s.handedBack || s.handedOff)
 	return a.settle(ctx, decide(s))
 }
 
@@ -318,7 +344,7 @@ func (a *attempt) begin(ctx context.Context, act action) error {
 	}
 	a.first = rec.StartedAt == nil
 	rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, a.n, a.w.cfg.ID, a.w.cfg.Backend
-	rec.NextAttemptAt, rec.UpdatedAt = nil, a.started
+	rec.NextAttemptAt, rec.UpdatedAt, rec.AwaitingSince = nil, a.started, nil
 	if a.first {
 		rec.StartedAt = &a.started
 	}
@@ -379,6 +405,16 @@ func (a *attempt) carryOut(ctx context.Context, act action) error {
 			return err
 		}
 		return a.msg.NakWithDelay(act.delay)
+	case doAwait:
+		a.await(ctx, act)
+		return a.msg.NakWithDelay(cmp.Or(act.delay, laterDelay))
+	case doHandOff:
+		a.handOff(act)
+		return a.msg.Nak()
+	case doAdopt:
+		// Decided again while a new attempt was being recorded: the next
+		// delivery adopts it.
+		return a.msg.NakWithDelay(laterDelay)
 	case doFinish, doConclude:
 		res := act.result
 		if act.verb == doFinish {
@@ -393,6 +429,7 @@ func (a *attempt) carryOut(ctx context.Context, act action) error {
 		if err != nil {
 			return err
 		}
+		a.dropData(ctx)
 		if dead {
 			return a.msg.TermWithReason("dead-lettered: " + string(res.Failure.Class))
 		}
@@ -565,9 +602,10 @@ func (a *attempt) save(ctx context.Context, futures []jetstream.PubAckFuture) er
 		if err != nil {
 			return err
 		}
-		if cur.Attempt > a.n {
+		if cur.Attempt > a.n || (cur.Attempt == a.n && cur.State == job.StateRunning && cur.WorkerID != a.w.cfg.ID) {
 			// Another delivery took the job over (this one was given up for
-			// lost): the job and its message are that one's now.
+			// lost, or another worker adopted its attempt): the job and its
+			// message are that one's now.
 			return errSuperseded
 		}
 		a.rev = rev

@@ -39,6 +39,19 @@ const (
 	doLater
 	// doRefuse terminates a message that is not a valid request.
 	doRefuse
+	// doAdopt takes over attempt n, which outlived the worker that started
+	// it (it runs, or ended while no worker watched): the record names this
+	// worker, an adopted event says so, and the attempt is followed to its
+	// end as if it had run here. The attempt count does not grow.
+	doAdopt
+	// doAwait leaves the job for the worker that started its attempt, the
+	// only one that can reach it: the record notes since when it waits,
+	// and the message comes back after delay.
+	doAwait
+	// doHandOff leaves an attempt running in its backend for another worker
+	// to adopt, and gives the message back at once; the record still says
+	// the attempt runs.
+	doHandOff
 )
 
 func (v verb) String() string {
@@ -59,6 +72,12 @@ func (v verb) String() string {
 		return "later"
 	case doRefuse:
 		return "refuse"
+	case doAdopt:
+		return "adopt"
+	case doAwait:
+		return "await"
+	case doHandOff:
+		return "hand off"
 	}
 	return fmt.Sprintf("verb(%d)", int(v))
 }
@@ -87,6 +106,8 @@ type action struct {
 	memory string
 	// why explains a hand back or a refusal.
 	why string
+	// found is the attempt to adopt (doAdopt).
+	found *executor.Found
 }
 
 // situation is what the worker knows when it decides.
@@ -112,9 +133,24 @@ type situation struct {
 	outcome *executor.Outcome
 	// handedBack: the worker stopped the attempt to give the job back.
 	handedBack bool
+	// handedOff: the executor left the attempt running, for another worker
+	// to adopt (the worker stops with --handoff).
+	handedOff bool
 	// deadlineBound: the attempt's timeout was cut short to end at the
 	// job's deadline, so that a timeout is the deadline's.
 	deadlineBound bool
+	// found is where the executor found the running attempt of an orphan
+	// (see needsLookup); nil when it was not asked.
+	found *executor.Found
+	// adoptWait is how long a job waits for the worker that started its
+	// attempt when only that worker can reach it; then the attempt is lost.
+	adoptWait time.Duration
+	// misfit is why this worker cannot run the request while another
+	// worker of the pool might (its GPU models, its labels).
+	misfit error
+	// elsewhere says why another worker of the pool would start the job
+	// sooner: it has the image this one would pull.
+	elsewhere string
 	// retryDelay computes backoff delays.
 	retryDelay RetryDelayFunc
 }
@@ -132,6 +168,10 @@ func (s *situation) orphan() bool { return s.rec.State == job.StateRunning && !s
 // needsResult reports whether decide must be given the job's stored result:
 // an attempt that was lost may have got as far as publishing it.
 func (s *situation) needsResult() bool { return s.outcome == nil && s.rec.State == job.StateRunning }
+
+// needsLookup reports whether decide must be told where the backend's
+// attempt of an orphan stands: it may be adopted rather than lost.
+func (s *situation) needsLookup() bool { return s.orphan() && s.outcome == nil && s.result == nil }
 
 // needsOwner reports whether decide must be told if the worker recorded as
 // running the job still runs it.
@@ -167,6 +207,10 @@ func decideDelivery(s *situation) action {
 	case rec.State.Final():
 		// Finished by an earlier delivery that did not get to acknowledge.
 		return action{verb: doAck, attempt: n}
+	case s.orphan() && s.result == nil && s.found != nil && (s.found.Standing == executor.Running || s.found.Standing == executor.Ended):
+		// The attempt outlived its worker: it is taken over, not run again,
+		// even when a cancel or the deadline ends it at once.
+		return action{verb: doAdopt, attempt: rec.Attempt, found: s.found}
 	case rec.CancelRequested:
 		return finish(n, n-1, job.StatusCancelled,
 			job.Failf(job.ClassCancelled, job.CodeCancelled, "cancelled before attempt %d started", n))
@@ -191,9 +235,24 @@ func decideDelivery(s *situation) action {
 			// reach it for a while. Look again later.
 			return action{verb: doLater, attempt: n, delay: s.recheck,
 				why: fmt.Sprintf("worker %s still runs attempt %d", rec.WorkerID, rec.Attempt)}
+		case s.found != nil && s.found.Standing == executor.Unreachable:
+			since := s.now
+			if rec.AwaitingSince != nil {
+				since = *rec.AwaitingSince
+			}
+			if left := since.Add(s.adoptWait).Sub(s.now); left > 0 {
+				return action{verb: doAwait, attempt: rec.Attempt, delay: min(s.recheck, left),
+					why: fmt.Sprintf("attempt %d runs where only worker %s can reach it (%s); waiting for it to come back for %s more",
+						rec.Attempt, rec.WorkerID, s.found.Why, left.Round(time.Second))}
+			}
 		}
 		k := rec.Attempt
 		f := job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "worker %s stopped responding during attempt %d", rec.WorkerID, k)
+		if s.found != nil && s.found.Standing == executor.Unreachable {
+			f.Message += fmt.Sprintf(", and did not come back within the adopt wait of %s", s.adoptWait)
+		} else if s.found != nil && s.found.Standing == executor.Gone && s.found.Why != "" {
+			f.Message += "; " + s.found.Why
+		}
 		a.lost = []job.Attempt{{Attempt: k, WorkerID: rec.WorkerID, StartedAt: rec.StartedAt, Failure: f}}
 		lost, last = lost+1, f
 		if lost > *req.Retry.MaxLost {
@@ -216,6 +275,12 @@ func decideDelivery(s *situation) action {
 		act := finish(n, n, job.StatusFailed, job.Failf(job.ClassRejected, job.CodeInvalid, "%v", s.refused))
 		act.lost = a.lost
 		return act
+	case s.misfit != nil:
+		// Nothing is written: the worker that takes it records what was
+		// lost.
+		return action{verb: doLater, attempt: n, delay: misfitDelay, why: s.misfit.Error()}
+	case s.elsewhere != "":
+		return action{verb: doLater, attempt: n, delay: preferDelay, why: s.elsewhere}
 	}
 	a.verb, a.attempt = doRun, n
 	return a
@@ -224,6 +289,9 @@ func decideDelivery(s *situation) action {
 func decideOutcome(s *situation) action {
 	// The record says which attempt ran: it was written when it began.
 	n, out := s.rec.Attempt, s.outcome
+	if s.handedOff {
+		return action{verb: doHandOff, attempt: n, why: "the worker is stopping and hands its attempts off"}
+	}
 	if s.handedBack && out.Status != job.StatusSucceeded {
 		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
 	}
@@ -278,6 +346,14 @@ func finish(n, attempts int, status job.Status, f *job.Failure) action {
 	return action{verb: doFinish, attempt: n, attempts: attempts,
 		outcome: &executor.Outcome{Status: status, Failure: f}}
 }
+
+// misfitDelay is how long a job that this worker cannot run, and another
+// might, is left before it comes back.
+const misfitDelay = time.Second
+
+// preferDelay is how long a job's first delivery is left for a worker that
+// has its image cached.
+const preferDelay = 500 * time.Millisecond
 
 func mustMemory(q string) int64 {
 	v, _ := job.ParseMemory(q)

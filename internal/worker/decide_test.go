@@ -34,6 +34,12 @@ func TestDecide(t *testing.T) {
 		return &job.Record{ID: "j", State: job.StateRunning, Attempt: attempt, WorkerID: worker, StartedAt: &started}
 	}
 	stored := &job.Result{JobID: "j", Status: job.StatusSucceeded, Attempts: 1}
+	running := &executor.Found{Standing: executor.Running, Handle: "Job ns/fleet-j-a1-x"}
+	ended := &executor.Found{Standing: executor.Ended, Handle: "Job ns/fleet-j-a1-x"}
+	gone := &executor.Found{Standing: executor.Gone, Why: "no Job of attempt 1 in namespace ns"}
+	unreachable := &executor.Found{Standing: executor.Unreachable, Why: "its container is on another Docker host"}
+	cancelled := func(r *job.Record) *job.Record { r.CancelRequested = true; return r }
+	awaiting := func(r *job.Record, since time.Time) *job.Record { r.AwaitingSince = &since; return r }
 
 	cases := []struct {
 		name string
@@ -244,6 +250,111 @@ func TestDecide(t *testing.T) {
 			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedBack: true,
 				outcome: &executor.Outcome{Status: job.StatusSucceeded}},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
+		},
+		// Adoption: an attempt whose worker is gone may still run in its
+		// backend.
+		{
+			name: "an orphan whose attempt still runs is adopted, and the attempt count stays",
+			s:    situation{rec: runningOn("w1", 2), req: request(nil), found: running},
+			want: action{verb: doAdopt, attempt: 2},
+			check: func(t *testing.T, a action) {
+				if a.found != running || len(a.lost) != 0 || a.restart {
+					t.Errorf("found %+v, lost %+v, restart %v", a.found, a.lost, a.restart)
+				}
+			},
+		},
+		{
+			name: "a worker restarted with the same id adopts its own attempt",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: running},
+			want: action{verb: doAdopt, attempt: 1},
+		},
+		{
+			name: "an attempt that ended while no worker watched is adopted to be settled from its status",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: ended},
+			want: action{verb: doAdopt, attempt: 1},
+		},
+		{
+			name: "an attempt that is gone is lost, and the next one runs",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: gone},
+			want: action{verb: doRun, attempt: 2, restart: true},
+			check: func(t *testing.T, a action) {
+				if len(a.lost) != 1 || !strings.Contains(a.lost[0].Failure.Message, "no Job of attempt 1") {
+					t.Errorf("lost %+v", a.lost)
+				}
+			},
+		},
+		{
+			name: "a running orphan is adopted even when it was cancelled meanwhile, to be stopped",
+			s:    situation{rec: cancelled(runningOn("w1", 1)), req: request(nil), found: running},
+			want: action{verb: doAdopt, attempt: 1},
+		},
+		{
+			name: "a running orphan is adopted even past the deadline, to be stopped",
+			s: situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { d := job.Duration(30 * time.Second); r.Deadline = &d }),
+				submitted: sub, found: running},
+			want: action{verb: doAdopt, attempt: 1},
+		},
+		{
+			name: "a published result concludes rather than adopts",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), result: stored},
+			want: action{verb: doConclude, attempt: 2, result: stored},
+		},
+		{
+			name: "a draining worker adopts nothing",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: running, draining: true},
+			want: action{verb: doHandBack, attempt: 2},
+		},
+		{
+			name: "an attempt only its owner can reach waits for the owner",
+			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: unreachable, adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
+			want: action{verb: doAwait, attempt: 1, delay: 30 * time.Second},
+		},
+		{
+			name: "the wait for the owner ends at the adopt wait",
+			s: situation{rec: awaiting(runningOn("w1", 1), now.Add(-9*time.Minute-50*time.Second)), req: request(nil), found: unreachable,
+				adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
+			want: action{verb: doAwait, attempt: 1, delay: 10 * time.Second},
+		},
+		{
+			name: "an owner that does not come back within the adopt wait loses the attempt",
+			s: situation{rec: awaiting(runningOn("w1", 1), now.Add(-11*time.Minute)), req: request(nil), found: unreachable,
+				adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
+			want: action{verb: doRun, attempt: 2, restart: true},
+			check: func(t *testing.T, a action) {
+				if len(a.lost) != 1 || !strings.Contains(a.lost[0].Failure.Message, "did not come back within the adopt wait of 10m0s") {
+					t.Errorf("lost %+v", a.lost)
+				}
+			},
+		},
+		{
+			name: "a cancel while waiting for the owner finishes the job",
+			s:    situation{rec: cancelled(runningOn("w1", 1)), req: request(nil), found: unreachable, adoptWait: 10 * time.Minute},
+			want: action{verb: doFinish, attempt: 2, attempts: 1},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
+			},
+		},
+		{
+			name: "an attempt handed off by a stopping worker gives the message back, record unchanged",
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedOff: true,
+				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "hand off")}},
+			want: action{verb: doHandOff, attempt: 1},
+		},
+		{
+			name: "an adopted attempt that succeeded finishes the job with its attempt count",
+			s: situation{rec: runningOn("w2", 3), req: request(nil), now: now,
+				outcome: &executor.Outcome{Status: job.StatusSucceeded, ExitCode: exit(0)}},
+			want: action{verb: doFinish, attempt: 3, attempts: 3},
+		},
+		{
+			name: "a worker that cannot run the request leaves it for one that can",
+			s:    situation{rec: queued(), req: request(nil), misfit: errors.New("no GPU of model H100 on this host")},
+			want: action{verb: doLater, attempt: 1, delay: misfitDelay},
+		},
+		{
+			name: "a first delivery is left a moment for a worker that has the image",
+			s:    situation{rec: queued(), req: request(nil), elsewhere: "another worker has image x cached"},
+			want: action{verb: doLater, attempt: 1, delay: preferDelay},
 		},
 		{
 			name: "a cancelled attempt finishes the job cancelled",

@@ -21,6 +21,7 @@ func (a *attempt) progress() (stop func()) {
 		defer wg.Done()
 		t := time.NewTicker(a.w.cfg.Progress)
 		defer t.Stop()
+		nextUsage := time.Now().Add(a.w.cfg.UsageInterval)
 		for {
 			select {
 			case <-done:
@@ -29,11 +30,19 @@ func (a *attempt) progress() (stop func()) {
 				if err := a.msg.InProgress(); err != nil {
 					a.log.Warn("progress ack failed", "err", err)
 				}
-				a.logMu.Lock()
-				a.hbSeq++
-				seq := a.hbSeq
-				a.logMu.Unlock()
-				a.eventSeq(job.EventHeartbeat, seq, nil)
+				seq := a.nextHeartbeat()
+				// Every UsageInterval the heartbeat carries what the
+				// attempt uses, when the executor can read it.
+				var u *job.Usage
+				if now := time.Now(); a.w.cfg.Usage != nil && !now.Before(nextUsage) {
+					nextUsage = now.Add(a.w.cfg.UsageInterval)
+					u = a.w.cfg.Usage.Of(a.ctx, a.id, a.n)
+				}
+				if u == nil {
+					a.eventSeq(job.EventHeartbeat, seq, nil)
+					continue
+				}
+				a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
 			}
 		}
 	}()
@@ -54,9 +63,9 @@ func (a *attempt) Log(stream, line string) {
 	max := a.w.cfg.MaxLogEvents
 	switch {
 	case n < max:
-		a.eventSeq(job.EventLog, n, func(e *job.Event) { e.Stream, e.Line = stream, line })
+		a.eventSeq(job.EventLog, a.seqBase+n, func(e *job.Event) { e.Stream, e.Line = stream, line })
 	case n == max:
-		a.eventSeq(job.EventLog, n, func(e *job.Event) {
+		a.eventSeq(job.EventLog, a.seqBase+n, func(e *job.Event) {
 			e.Stream, e.Line = stream, line
 			e.Message = fmt.Sprintf("log events stop here (limit %d); the result keeps the tail of each stream", max)
 		})
@@ -65,9 +74,13 @@ func (a *attempt) Log(stream, line string) {
 
 // Phase implements Reporter: a heartbeat event that names the new phase.
 func (a *attempt) Phase(phase, message string) {
+	a.eventSeq(job.EventHeartbeat, a.nextHeartbeat(), func(e *job.Event) { e.Phase, e.Message = phase, message })
+}
+
+// nextHeartbeat numbers the attempt's next heartbeat event.
+func (a *attempt) nextHeartbeat() int {
 	a.logMu.Lock()
+	defer a.logMu.Unlock()
 	a.hbSeq++
-	seq := a.hbSeq
-	a.logMu.Unlock()
-	a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Message = phase, message })
+	return a.seqBase + a.hbSeq
 }

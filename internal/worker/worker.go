@@ -78,9 +78,38 @@ type Config struct {
 	ArtifactLimits artifact.Limits
 	// Retry computes the delay before the next attempt. Defaults to
 	// BackoffDelay.
-	Retry  RetryDelayFunc
-	Logger *slog.Logger
+	Retry RetryDelayFunc
+	// AdoptWait bounds how long a job waits for the worker that started
+	// its running attempt, when only that worker can reach the attempt (a
+	// Docker host): then the attempt is lost and the job runs again.
+	// Defaults to DefaultAdoptWait.
+	AdoptWait time.Duration
+	// Handoff makes Stop leave the attempts of an executor.Adopter running
+	// in their backend, at once, for other workers to adopt, instead of
+	// letting them finish and stopping the rest.
+	Handoff bool
+	// Usage reads what running attempts use, for the heartbeat events that
+	// carry it every UsageInterval. Defaults to a sampler of the executor
+	// when it is an executor.UsageReader.
+	Usage *executor.UsageSampler
+	// UsageInterval is how often a running attempt publishes a heartbeat
+	// event with its usage. Defaults to DefaultUsageInterval.
+	UsageInterval time.Duration
+	// DataSweep and DataRetention govern the removal of the data
+	// directories of jobs that ended (see data.go). Default to
+	// DefaultDataSweep and DefaultDataRetention.
+	DataSweep     time.Duration
+	DataRetention time.Duration
+	Logger        *slog.Logger
 }
+
+// DefaultAdoptWait is how long a job waits for the worker that started its
+// attempt to come back, when only that worker can reach it.
+const DefaultAdoptWait = 10 * time.Minute
+
+// DefaultUsageInterval is how often a running attempt's heartbeat events
+// carry its usage.
+const DefaultUsageInterval = 10 * time.Second
 
 // Capacity reserves what an attempt needs before it runs and releases it
 // after. A reservation that fails with ErrNoCapacity hands the job back to
@@ -108,6 +137,12 @@ type Reservation struct {
 // rather than run again, when JetStream delivers it to another worker.
 type Holder interface {
 	Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error)
+}
+
+// Peers is implemented by a Capacity that knows what the other live workers
+// of the pool report: whether one has an image cached.
+type Peers interface {
+	PeerHasImage(ctx context.Context, image string) bool
 }
 
 // Room is implemented by a Capacity that knows how many more jobs of the
@@ -144,6 +179,18 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Retry == nil {
 		c.Retry = BackoffDelay
+	}
+	if c.AdoptWait <= 0 {
+		c.AdoptWait = DefaultAdoptWait
+	}
+	if c.UsageInterval <= 0 {
+		c.UsageInterval = DefaultUsageInterval
+	}
+	if c.DataSweep <= 0 {
+		c.DataSweep = DefaultDataSweep
+	}
+	if c.DataRetention <= 0 {
+		c.DataRetention = DefaultDataRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -195,9 +242,11 @@ type Worker struct {
 	settling context.Context
 	giveUp   context.CancelFunc
 	attempts sync.WaitGroup
-	mu       sync.Mutex
-	running  map[string]*attempt
-	draining atomic.Bool
+	// background holds the sweep of data directories.
+	background sync.WaitGroup
+	mu         sync.Mutex
+	running    map[string]*attempt
+	draining   atomic.Bool
 }
 
 // New returns a Worker; Start starts it.
@@ -217,6 +266,9 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 		running: map[string]*attempt{},
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
+	if r, ok := exec.(executor.UsageReader); ok && w.cfg.Usage == nil {
+		w.cfg.Usage = executor.NewUsageSampler(r, time.Second)
+	}
 	return w, nil
 }
 
@@ -230,10 +282,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.store = store
-	if r, ok := w.exec.(executor.Recoverer); ok {
-		if err := r.Recover(ctx, w.cfg.ID); err != nil {
-			return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
-		}
+	if err := w.recover(ctx); err != nil {
+		return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 	}
 	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
 	if err != nil {
@@ -250,6 +300,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
 	w.pulling.Add(1)
 	go w.pull()
+	if k, ok := w.exec.(executor.DataKeeper); ok {
+		w.background.Add(1)
+		go w.sweepData(k)
+	}
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
 	return nil
 }
@@ -261,6 +315,10 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.log.Info("draining", "running", w.Running())
 	w.draining.Store(true)
 	w.stopPull()
+	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
+		w.log.Info("handing running attempts off to the pool", "running", w.Running())
+		w.stopRuns(executor.ErrHandOff)
+	}
 	done := make(chan struct{})
 	// Open fetches end within FetchWait; what they still bring is handed
 	// back. Only they start attempts, so attempts are waited for after.
@@ -284,6 +342,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		_ = w.cubs.Unsubscribe()
 	}
 	w.stopRuns(executor.ErrHandBack)
+	w.background.Wait()
 	select {
 	case <-w.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Second):
@@ -296,6 +355,18 @@ func (w *Worker) Stop(ctx context.Context) error {
 // handBackGrace is how long a stopping worker tries to hand its jobs back
 // after the drain timeout.
 const handBackGrace = 10 * time.Second
+
+// recover settles what an earlier life of this worker left in the backend:
+// everything, but the attempts that can still be adopted.
+func (w *Worker) recover(ctx context.Context) error {
+	if a, ok := w.exec.(executor.Adopter); ok {
+		return a.RecoverAdoptable(ctx, w.cfg.ID, w.adoptable(ctx))
+	}
+	if r, ok := w.exec.(executor.Recoverer); ok {
+		return r.Recover(ctx, w.cfg.ID)
+	}
+	return nil
+}
 
 // Running returns how many attempts are running.
 func (w *Worker) Running() int {
@@ -436,6 +507,8 @@ func (w *Worker) unregister(a *attempt) {
 // once: building a set per measurement costs more than the measurement.
 type metrics struct {
 	started   metric.Int64Counter
+	adopted   metric.Int64Counter
+	handedOff metric.Int64Counter
 	finished  metric.Int64Counter
 	retries   metric.Int64Counter
 	duration  metric.Float64Histogram
@@ -474,6 +547,8 @@ func newMetrics(m metric.Meter, w *Worker) metrics {
 		x.class[c] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("class", string(c))))
 	}
 	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
+	x.adopted, _ = m.Int64Counter("fleet.worker.attempts.adopted", metric.WithDescription("Attempts that outlived their worker and were adopted"))
+	x.handedOff, _ = m.Int64Counter("fleet.worker.attempts.handed_off", metric.WithDescription("Attempts left running for another worker to adopt, by a worker stopping with --handoff"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
 	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),

@@ -23,6 +23,9 @@ const (
 	ContainerInputs  = "/fleet/inputs"
 	ContainerOutputs = "/fleet/outputs"
 	ContainerWork    = "/fleet/work"
+	// ContainerData is where a job that asked for a data directory
+	// (persist) sees it in a container; FLEET_DATA names it everywhere.
+	ContainerData = "/fleet/data"
 )
 
 // DefaultMaxOutputBytes bounds all outputs of one attempt together, when

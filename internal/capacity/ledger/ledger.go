@@ -36,8 +36,12 @@ type Config struct {
 	CPUMilli, MemoryBytes *int64
 	GPUs                  int
 	// Platform reports what the executor's platform holds (a Docker host, a
-	// namespace's quota). Optional.
+	// namespace's quota). Optional. When it is also an
+	// executor.InventoryReader, the heartbeat carries its inventory.
 	Platform executor.CapacityReader
+	// Usage reads what running attempts use, for the heartbeat. Defaults to
+	// a sampler of Platform when it is an executor.UsageReader.
+	Usage *executor.UsageSampler
 	// Draining reports whether the worker is shutting down.
 	Draining func() bool
 	// Interval between heartbeats. Defaults to 3 seconds; the heartbeat and
@@ -65,6 +69,8 @@ type Ledger struct {
 	gpuUsed int
 	totals  capacity.Totals
 	backend *executor.Capacity
+	usage   map[executor.AttemptID]*job.Usage
+	inv     *job.Inventory
 	ops     []op
 	wake    chan struct{}
 	outage  bool
@@ -72,6 +78,12 @@ type Ledger struct {
 	stop  chan struct{}
 	done  chan struct{}
 	calls metric.Int64Counter
+
+	// peers caches the images the pool's other workers report, for one
+	// interval.
+	peersMu sync.Mutex
+	peers   map[string]bool
+	peersAt time.Time
 }
 
 // key names a lease in the ledger: one per attempt.
@@ -88,6 +100,7 @@ type op struct {
 }
 
 var (
+	_ worker.Peers    = (*Ledger)(nil)
 	_ worker.Capacity = (*Ledger)(nil)
 	_ worker.Holder   = (*Ledger)(nil)
 	_ worker.Room     = (*Ledger)(nil)
@@ -103,6 +116,9 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 	}
 	if cfg.Draining == nil {
 		cfg.Draining = func() bool { return false }
+	}
+	if r, ok := cfg.Platform.(executor.UsageReader); ok && cfg.Usage == nil {
+		cfg.Usage = executor.NewUsageSampler(r, cfg.Interval/2)
 	}
 	calls, _ := telemetry.Meter().Int64Counter("fleet.capacity.redis.calls",
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
@@ -176,6 +192,32 @@ func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return r.s.Holds(ctx, workerID, jobID, attempt)
+}
+
+// PeerHasImage implements worker.Peers: whether another live, healthy
+// worker of the pool reports the image cached. The pool's heartbeats are
+// read at most once an interval; without Redis, no.
+func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
+	r.peersMu.Lock()
+	defer r.peersMu.Unlock()
+	if r.peers == nil || time.Since(r.peersAt) >= r.cfg.Interval {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		hbs, err := r.s.Workers(ctx, r.cfg.Pool)
+		r.peers, r.peersAt = map[string]bool{}, time.Now()
+		if err != nil {
+			return false
+		}
+		for _, hb := range hbs {
+			if hb.WorkerID == r.cfg.WorkerID || hb.Health == job.HealthDraining || hb.Health == job.HealthUnhealthy || hb.Inventory == nil {
+				continue
+			}
+			for _, img := range hb.Inventory.Images {
+				r.peers[img] = true
+			}
+		}
+	}
+	return r.peers[image]
 }
 
 // Release gives a lease back. It does not wait for Redis.
@@ -323,6 +365,10 @@ func (r *Ledger) noteOutage(err error) {
 	}
 }
 
+// MaxUsageReported bounds the running attempts whose usage one heartbeat
+// carries.
+const MaxUsageReported = 256
+
 func (r *Ledger) refreshBackend(ctx context.Context) {
 	if r.cfg.Platform == nil {
 		return
@@ -330,8 +376,17 @@ func (r *Ledger) refreshBackend(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	bc, err := r.cfg.Platform.Capacity(cctx)
+	usage := r.cfg.Usage.Latest(cctx)
+	var inv *job.Inventory
+	if ir, ok := r.cfg.Platform.(executor.InventoryReader); ok {
+		var ierr error
+		if inv, ierr = ir.Inventory(cctx); ierr != nil {
+			r.log.Debug("inventory incomplete", "err", ierr)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.usage, r.inv = usage, inv
 	if err != nil {
 		r.backend = &executor.Capacity{Health: job.HealthUnhealthy, Reason: err.Error()}
 		return
@@ -362,9 +417,14 @@ func (r *Ledger) Snapshot() *job.Heartbeat {
 		Running:     make([]job.RunningAttempt, 0, len(r.leases)),
 	}
 	for _, l := range r.leases {
-		hb.Running = append(hb.Running, job.RunningAttempt{JobID: l.JobID, Attempt: l.Attempt, StartedAt: l.StartedAt,
-			CPUMilli: l.CPUMilli, MemoryBytes: l.MemoryBytes, GPUs: l.GPUs})
+		ra := job.RunningAttempt{JobID: l.JobID, Attempt: l.Attempt, StartedAt: l.StartedAt,
+			CPUMilli: l.CPUMilli, MemoryBytes: l.MemoryBytes, GPUs: l.GPUs}
+		if len(hb.Running) < MaxUsageReported {
+			ra.Usage = r.usage[executor.AttemptID{JobID: l.JobID, Attempt: l.Attempt}]
+		}
+		hb.Running = append(hb.Running, ra)
 	}
+	hb.Inventory = r.inv
 	if b := r.backend; b != nil {
 		hb.Host, hb.Containers = b.Host, b.Containers
 		if b.Health != "" && b.Health != job.HealthHealthy {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -68,6 +69,18 @@ type poolView struct {
 	cpuUnknown bool // some worker does not know its CPU: it might fit anything
 	memUnknown bool
 	backends   map[string]bool
+	// gpuModels is the most GPUs of each model one node offers, over the
+	// workers that report their models; none reported: models unknown.
+	gpuModels map[string]int
+	// keys are the placement keys the workers allow, when they report them.
+	keys      map[string]bool
+	keysKnown bool
+	// nodes are the label sets a node selector is matched against: the
+	// Kubernetes nodes the workers report, the other workers' own labels.
+	// nodesUnknown: a Kubernetes worker reports no nodes (it may not list
+	// them), so any selector might match.
+	nodes        []map[string]string
+	nodesUnknown bool
 }
 
 // NewAdmission returns an Admission in mode (AdmitReject, AdmitQueue or
@@ -145,6 +158,32 @@ func view(hbs []*job.Heartbeat) map[string]*poolView {
 			p.maxMem = max(p.maxMem, *hb.MemoryBytes.Total)
 		}
 		p.maxGPU = max(p.maxGPU, hb.GPUs.Total)
+		inv := hb.Inventory
+		if inv != nil {
+			for _, g := range inv.GPUs {
+				if p.gpuModels == nil {
+					p.gpuModels = map[string]int{}
+				}
+				p.gpuModels[g.Model] = max(p.gpuModels[g.Model], g.Count)
+			}
+			p.keysKnown = true
+			if p.keys == nil {
+				p.keys = map[string]bool{}
+			}
+			for _, k := range inv.PlacementKeys {
+				p.keys[k] = true
+			}
+		}
+		switch {
+		case hb.Backend != "kubernetes":
+			p.nodes = append(p.nodes, hb.Labels)
+		case inv != nil && len(inv.Nodes) > 0:
+			for _, n := range inv.Nodes {
+				p.nodes = append(p.nodes, n.Labels)
+			}
+		default:
+			p.nodesUnknown = true
+		}
 	}
 	return pools
 }
@@ -201,8 +240,14 @@ func unfit(r *job.Request, p *poolView) string {
 	if r.Resources.GPU > p.maxGPU {
 		lacks = append(lacks, fmt.Sprintf("%d GPUs (the largest worker has %d)", r.Resources.GPU, p.maxGPU))
 	}
+	if model := r.Resources.GPUModel; model != "" && len(p.gpuModels) > 0 && p.gpuModels[model] < r.Resources.GPU {
+		lacks = append(lacks, fmt.Sprintf("%d GPUs of model %s (the pool has %s)", r.Resources.GPU, model, modelList(p.gpuModels)))
+	}
 	if len(lacks) > 0 {
 		return fmt.Sprintf("no worker of pool %q could ever run it: it needs %s", r.Pool, strings.Join(lacks, " and "))
+	}
+	if why := unplaceable(r, p); why != "" {
+		return fmt.Sprintf("no worker of pool %q could ever run it: %s", r.Pool, why)
 	}
 	containers := p.backends["docker"] || p.backends["kubernetes"]
 	if r.Image == "" && containers && !p.backends["process"] && !p.backends["noop"] {
@@ -212,6 +257,74 @@ func unfit(r *job.Request, p *poolView) string {
 		return fmt.Sprintf("pool %q runs processes: the request needs a command", r.Pool)
 	}
 	return ""
+}
+
+// unplaceable says why no node of the pool matches the request's node
+// selector, or "".
+func unplaceable(r *job.Request, p *poolView) string {
+	if r.Placement == nil || len(r.Placement.NodeSelector) == 0 {
+		return ""
+	}
+	sel := r.Placement.NodeSelector
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if p.keysKnown {
+		for _, k := range keys {
+			if k != job.GPUModelLabel && !p.keys[k] {
+				allowed := make([]string, 0, len(p.keys))
+				for a := range p.keys {
+					allowed = append(allowed, a)
+				}
+				slices.Sort(allowed)
+				if len(allowed) == 0 {
+					allowed = []string{"none"}
+				}
+				return fmt.Sprintf("placement.node_selector key %q is not one the pool allows (allowed: %s)", k, strings.Join(allowed, ", "))
+			}
+		}
+	}
+	if p.nodesUnknown {
+		return ""
+	}
+	for _, n := range p.nodes {
+		ok := true
+		for _, k := range keys {
+			if v, has := n[k]; !has || v != sel[k] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return ""
+		}
+	}
+	var want []string
+	for _, k := range keys {
+		want = append(want, k+"="+sel[k])
+	}
+	return fmt.Sprintf("no node carries the labels %s of placement.node_selector", strings.Join(want, ","))
+}
+
+// modelList writes GPU models with their counts, largest first.
+func modelList(models map[string]int) string {
+	names := make([]string, 0, len(models))
+	for m := range models {
+		names = append(names, m)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if models[a] != models[b] {
+			return models[b] - models[a]
+		}
+		return strings.Compare(a, b)
+	})
+	var out []string
+	for _, m := range names {
+		out = append(out, fmt.Sprintf("%d×%s", models[m], m))
+	}
+	return strings.Join(out, ", ")
 }
 
 func (a *Admission) observe() (metric.Registration, error) {

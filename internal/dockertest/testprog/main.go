@@ -20,6 +20,9 @@
 //	ignore-term      ignore SIGTERM from now on
 //	alloc BYTES      allocate and touch BYTES of memory, and keep it
 //	sleep DURATION   sleep for a Go duration
+//	spin DURATION    keep one CPU busy for a Go duration
+//	resume PATH      if file PATH exists, print its content; otherwise
+//	                 write "1" to it and exit 1 (a job that checkpoints)
 //	spawn DURATION   start a copy of itself that sleeps for DURATION, in the
 //	                 background, with the same output and signal dispositions
 //	exit CODE        exit with CODE
@@ -67,7 +70,7 @@ func main() {
 var arity = map[string]int{
 	"echo": 1, "stderr": 1, "copy": 2, "write": 2, "fill": 2, "env": 1, "self": 0,
 	"ignore-term": 0, "alloc": 1, "sleep": 1, "exit": 1,
-	"env-to": 2, "pwd-to": 1, "writable": 2, "spawn": 1, "random": 3, "lines": 1,
+	"env-to": 2, "pwd-to": 1, "writable": 2, "spawn": 1, "random": 3, "lines": 1, "spin": 1, "resume": 1,
 }
 
 func step(verb string, a []string) {
@@ -157,6 +160,24 @@ func step(verb string, a []string) {
 		d, err := time.ParseDuration(a[0])
 		check(err)
 		time.Sleep(d)
+	case "spin":
+		d, err := time.ParseDuration(a[0])
+		check(err)
+		n := 0
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			n++
+		}
+		_ = n
+	case "resume":
+		p := os.ExpandEnv(a[0])
+		data, err := os.ReadFile(p)
+		if err == nil {
+			fmt.Println(string(data))
+			return
+		}
+		check(os.WriteFile(p, []byte("1"), 0o644))
+		fmt.Println("checkpoint written")
+		os.Exit(1)
 	case "exit":
 		os.Exit(int(number(a[0])))
 	}

@@ -7,7 +7,6 @@ package artifacts_test
 
 import (
 	"bufio"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -19,11 +18,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/dockertest"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 )
 
@@ -144,35 +141,4 @@ func httpGet(t testing.TB, f *fleettest.Fleet, path string) (*http.Response, str
 		t.Fatalf("GET %s: %v after %d bytes", path, err, n)
 	}
 	return resp, hex.EncodeToString(h.Sum(nil)), n
-}
-
-var testImage struct {
-	once sync.Once
-	tag  string
-	err  error
-}
-
-// dockerImage builds the Docker test image (testprog on scratch) under a
-// tag of its own, named by the digest of testprog's source: the daemon is
-// shared, and the image's usual tag may be rebuilt meanwhile from another
-// checkout whose testprog lacks the steps these tests use.
-func dockerImage(t testing.TB) string {
-	t.Helper()
-	cli := dockertest.Client(t)
-	testImage.once.Do(func() {
-		src, err := os.ReadFile(filepath.Join("..", "..", "dockertest", "testprog", "main.go"))
-		if err != nil {
-			testImage.err = err
-			return
-		}
-		sum := sha256.Sum256(src)
-		testImage.tag = "fleet-test/testprog:src-" + hex.EncodeToString(sum[:6])
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		testImage.err = dockertest.BuildImage(ctx, cli, testImage.tag)
-	})
-	if testImage.err != nil {
-		t.Fatalf("build the test image: %v", testImage.err)
-	}
-	return testImage.tag
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/dockertest"
 	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/fleettest"
@@ -48,7 +49,7 @@ func TestInputByReference(t *testing.T) {
 	})
 
 	t.Run("docker", func(t *testing.T) {
-		image := dockerImage(t)
+		image := dockertest.TestImage(t)
 		startWorker(t, f, "docker", "in-docker", "w-in-docker")
 		var ref job.InputRef
 		if err := json.Unmarshal([]byte(fleetctl(t, f, "upload", file, "--name", "inputs/set.bin")), &ref); err != nil {

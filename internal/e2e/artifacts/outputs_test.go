@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/dockertest"
 	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/job"
@@ -41,7 +42,7 @@ func TestLargeBinaryOutputs(t *testing.T) {
 			return &job.Request{Command: []string{executortest.TestProgram(t), "random", "$FLEET_OUTPUTS/blob.bin", strconv.Itoa(bigOutput), seed}}
 		}},
 		{"docker", func(t *testing.T) *job.Request {
-			return &job.Request{Image: dockerImage(t), PullPolicy: job.PullNever, Resources: &job.Resources{Memory: "128Mi"},
+			return &job.Request{Image: dockertest.TestImage(t), PullPolicy: job.PullNever, Resources: &job.Resources{Memory: "128Mi"},
 				Command: []string{"/testprog", "random", "$FLEET_OUTPUTS/blob.bin", strconv.Itoa(bigOutput), seed}}
 		}},
 	} {

@@ -21,10 +21,10 @@ import (
 func (e *Executor) Capacity(ctx context.Context) (*executor.Capacity, error) {
 	info, err := e.api.Info(ctx)
 	if err != nil {
-		return &executor.Capacity{GPUs: e.cfg.GPUs, Health: job.HealthUnhealthy, Reason: "Docker daemon: " + err.Error()}, nil
+		return &executor.Capacity{GPUs: e.gpuTotal(), Health: job.HealthUnhealthy, Reason: "Docker daemon: " + err.Error()}, nil
 	}
 	cpu, mem := int64(info.NCPU)*1000, info.MemTotal
-	c := &executor.Capacity{CPUMilli: &cpu, MemoryBytes: &mem, GPUs: e.cfg.GPUs, Health: job.HealthHealthy, Host: e.host(info)}
+	c := &executor.Capacity{CPUMilli: &cpu, MemoryBytes: &mem, GPUs: e.gpuTotal(), Health: job.HealthHealthy, Host: e.host(info)}
 	list, err := e.api.ContainerList(ctx, container.ListOptions{All: true,
 		Filters: filters.NewArgs(filters.Arg("label", LabelManaged+"=true"))})
 	if err != nil {

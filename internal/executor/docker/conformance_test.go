@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 
-	"github.com/fleet-dev/fleet/internal/dockertest"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/job"
@@ -30,11 +30,11 @@ func TestConformance(t *testing.T) {
 			"image_missing":           "image " + executortest.MissingImage + " is not on the Docker host, and pull_policy is never",
 		},
 		New: func(t *testing.T, c *executortest.Case) *executortest.Instance {
-			b := setup(t, Config{})
+			b := setup(t, Config{DataDir: dataDirOf(t)})
 			b.worker = c.WorkerID
 			return &executortest.Instance{
 				Executor: b.exec,
-				Complete: func(r *job.Request) { completeRequest(r, c.Program) },
+				Complete: func(r *job.Request) { completeRequest(r, b.image, c.Program) },
 				Left: func(t testing.TB) []string {
 					var left []string
 					for _, c := range b.containers(t) {
@@ -47,9 +47,9 @@ func TestConformance(t *testing.T) {
 					return left
 				},
 				Logs: b.logs.String,
-				Orphan: func(t *testing.T) {
-					r := &job.Request{Env: c.Env()}
-					completeRequest(r, c.Program)
+				Orphan: func(t *testing.T, r *job.Request) {
+					r = r.Clone()
+					completeRequest(r, b.image, c.Program)
 					executortest.StartOrphan(t, orphan{WorkerID: c.WorkerID, Dir: b.dir, Request: r})
 				},
 			}
@@ -57,9 +57,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// dataDirs holds the data folder of each behaviour, shared by the executors
+// it starts, as the attempts of one worker share it.
+var dataDirs sync.Map // *testing.T → string
+
+func dataDirOf(t *testing.T) string {
+	if d, ok := dataDirs.Load(t); ok {
+		return d.(string)
+	}
+	d := t.TempDir()
+	dataDirs.Store(t, d)
+	t.Cleanup(func() { dataDirs.Delete(t) })
+	return d
+}
+
 // completeRequest runs prog in the test image, which is never pulled.
-func completeRequest(r *job.Request, prog executortest.Program) {
-	r.Image, r.PullPolicy = dockertest.Image, job.PullNever
+func completeRequest(r *job.Request, image string, prog executortest.Program) {
+	r.Image, r.PullPolicy = image, job.PullNever
 	r.Command = append([]string{"/testprog"}, prog.Args()...)
 }
 
@@ -81,5 +95,9 @@ func startOrphan(spec []byte) (executor.Executor, *executor.Task, error) {
 		return nil, nil, err
 	}
 	o.Request.Normalize()
-	return e, &executor.Task{JobID: "orphan", Attempt: 1, WorkerID: o.WorkerID, Pool: "default", Request: o.Request}, nil
+	id := o.Request.ID
+	if id == "" {
+		id = "orphan"
+	}
+	return e, &executor.Task{JobID: id, Attempt: 1, WorkerID: o.WorkerID, Pool: "conformance", Request: o.Request}, nil
 }

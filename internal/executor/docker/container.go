@@ -30,6 +30,9 @@ const (
 	// LabelWorkspace is the attempt's workspace folder on the host, which
 	// Recover removes with the container.
 	LabelWorkspace = "fleet.workspace"
+	// LabelDataJobID is on the named volume that holds a job's data
+	// directory (persist): docker volume ls --filter label=fleet.data_job_id=ID.
+	LabelDataJobID = "fleet.data_job_id"
 )
 
 // cfsPeriod is the CFS period of every container, in microseconds: the
@@ -98,11 +101,11 @@ func runAs(imageUser, fallback string) string {
 
 // spec is the container of one attempt: command, environment, labels,
 // workspace mounts, limits, and the hardening every container gets.
-func (e *Executor) spec(t *executor.Task, imageUser string, dir *workspace.Dir) (*container.Config, *container.HostConfig) {
+func (e *Executor) spec(t *executor.Task, imageUser string, dir *workspace.Dir, data string) (*container.Config, *container.HostConfig) {
 	req := t.Request
 	cfg := &container.Config{
 		Image:  req.Image,
-		Env:    environ(t),
+		Env:    environ(t, data != ""),
 		Labels: labels(t, dir.Root),
 		User:   runAs(imageUser, e.cfg.User),
 	}
@@ -130,6 +133,9 @@ func (e *Executor) spec(t *executor.Task, imageUser string, dir *workspace.Dir) 
 		SecurityOpt: []string{"no-new-privileges"},
 		Resources:   resources(req.Resources, e.cfg.PidsLimit),
 	}
+	if data != "" {
+		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeVolume, Source: data, Target: workspace.ContainerData})
+	}
 	return cfg, host
 }
 
@@ -144,7 +150,7 @@ func containerWorkdir(dir string) string {
 
 // environ is the container's environment on top of the image's: where the
 // workspace is, which attempt this is, then the request's own variables.
-func environ(t *executor.Task) []string {
+func environ(t *executor.Task, data bool) []string {
 	env := []string{
 		"FLEET_INPUTS=" + workspace.ContainerInputs,
 		"FLEET_OUTPUTS=" + workspace.ContainerOutputs,
@@ -152,6 +158,9 @@ func environ(t *executor.Task) []string {
 		"FLEET_JOB_ID=" + t.JobID,
 		"FLEET_ATTEMPT=" + strconv.Itoa(t.Attempt),
 		"FLEET_POOL=" + t.Pool,
+	}
+	if data {
+		env = append(env, "FLEET_DATA="+workspace.ContainerData)
 	}
 	keys := make([]string, 0, len(t.Request.Env))
 	for k := range t.Request.Env {

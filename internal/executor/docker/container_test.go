@@ -154,7 +154,7 @@ func TestSpec(t *testing.T) {
 	task := &executor.Task{JobID: "j1", Attempt: 1, WorkerID: "w1", Pool: "default", Request: req}
 	dir := &workspace.Dir{Root: "/ws/j1", Inputs: "/ws/j1/inputs", Outputs: "/ws/j1/outputs", Work: "/ws/j1/work"}
 
-	cfg, host := e.spec(task, "", dir)
+	cfg, host := e.spec(task, "", dir, "")
 	if got := []string(cfg.Entrypoint); !slices.Equal(got, req.Command) || cfg.Cmd != nil {
 		t.Errorf("entrypoint %q, cmd %q; want the whole command as entrypoint", got, cfg.Cmd)
 	}
@@ -193,7 +193,7 @@ func TestSpec(t *testing.T) {
 
 	// An image with a user of its own keeps it, and its home.
 	req.Command, req.Workdir = nil, "/abs"
-	cfg, _ = e.spec(task, "1000", dir)
+	cfg, _ = e.spec(task, "1000", dir, "")
 	if cfg.User != "" || cfg.Entrypoint != nil || cfg.WorkingDir != "/abs" || strings.HasPrefix(cfg.Env[0], "HOME=") {
 		t.Errorf("user %q, entrypoint %q, workdir %q, env %q", cfg.User, cfg.Entrypoint, cfg.WorkingDir, cfg.Env)
 	}

@@ -36,6 +36,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -94,6 +97,23 @@ type Config struct {
 	APITimeout time.Duration
 	// PullTimeout bounds one image pull. Defaults to 10 minutes.
 	PullTimeout time.Duration
+	// DataDir holds the folders behind the jobs' data volumes (persist).
+	// Like Dir, it must have the same path on the worker and the Docker
+	// host. Defaults to Dir with "-data" appended.
+	DataDir string
+	// Labels are the worker's labels, which requests select with
+	// placement.node_selector (keys among PlacementKeys).
+	Labels map[string]string
+	// PlacementKeys are the label keys requests may select; a request
+	// naming another is refused. nvidia.com/gpu.product is always allowed.
+	PlacementKeys []string
+	// NvidiaSMI is the nvidia-smi that lists the host's GPUs and their
+	// models. Defaults to the one on the PATH, if any; "-" lists none.
+	NvidiaSMI string
+	// DockerConfig is a Docker client configuration file (config.json)
+	// whose "auths" give the credentials of private registries for pulls.
+	// Requests never carry credentials.
+	DockerConfig string
 	// Logger defaults to slog.Default(). Environment values are never
 	// logged.
 	Logger *slog.Logger
@@ -108,6 +128,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("workspace folder: %w", err)
 	}
 	c.Dir = dir
+	if c.DataDir == "" {
+		c.DataDir = dir + "-data"
+	}
+	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
+		return c, fmt.Errorf("data folder: %w", err)
+	}
 	if c.User == "" {
 		c.User = "65534:65534"
 	}
@@ -149,13 +175,28 @@ type Executor struct {
 	api    *client.Client
 	stream *client.Client
 	pulls  *puller
+	auths  *registryAuths
+
+	gpuOnce sync.Once
+	gpus    []gpu
+	cpu     executor.CPUMeter
+
+	mu      sync.Mutex
+	running map[executor.AttemptID]*live // by attempt, for Usage
+	gpuBusy map[string]bool              // GPUs held, by UUID
 }
 
 var (
-	_ executor.Executor       = (*Executor)(nil)
-	_ executor.Validator      = (*Executor)(nil)
-	_ executor.Recoverer      = (*Executor)(nil)
-	_ executor.CapacityReader = (*Executor)(nil)
+	_ executor.Executor        = (*Executor)(nil)
+	_ executor.Validator       = (*Executor)(nil)
+	_ executor.Recoverer       = (*Executor)(nil)
+	_ executor.CapacityReader  = (*Executor)(nil)
+	_ executor.Adopter         = (*Executor)(nil)
+	_ executor.UsageReader     = (*Executor)(nil)
+	_ executor.DataKeeper      = (*Executor)(nil)
+	_ executor.Fitter          = (*Executor)(nil)
+	_ executor.InventoryReader = (*Executor)(nil)
+	_ executor.ImageCache      = (*Executor)(nil)
 )
 
 // New returns an Executor. It does not contact the daemon; Ping does.
@@ -183,7 +224,17 @@ func New(cfg Config) (*Executor, error) {
 		_ = api.Close()
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
-	e := &Executor{cfg: cfg, log: cfg.Logger.With("component", "docker-executor"), api: api, stream: stream}
+	auths, err := loadAuths(cfg.DockerConfig)
+	if err != nil {
+		_ = api.Close()
+		_ = stream.Close()
+		return nil, fmt.Errorf("docker executor: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data folder: %w", err)
+	}
+	e := &Executor{cfg: cfg, log: cfg.Logger.With("component", "docker-executor"), api: api, stream: stream, auths: auths,
+		running: map[executor.AttemptID]*live{}, gpuBusy: map[string]bool{}}
 	e.pulls = newPuller(e.pullImage, cfg.PullTimeout)
 	return e, nil
 }
@@ -208,17 +259,47 @@ func (e *Executor) Validate(r *job.Request) error {
 	if err := checkImage(r.Image, e.cfg.AllowedImages); err != nil {
 		return err
 	}
-	if r.Resources != nil && r.Resources.GPU > e.cfg.GPUs {
-		return fmt.Errorf("%d GPUs requested; this worker's Docker host offers %d", r.Resources.GPU, e.cfg.GPUs)
+	if r.Resources != nil && r.Resources.GPU > e.gpuTotal() {
+		return fmt.Errorf("%d GPUs requested; this worker's Docker host offers %d", r.Resources.GPU, e.gpuTotal())
+	}
+	return checkPlacement(r, e.cfg.PlacementKeys)
+}
+
+// checkPlacement refuses a node selector on keys the pool does not allow.
+func checkPlacement(r *job.Request, allowed []string) error {
+	if r.Placement == nil {
+		return nil
+	}
+	for _, k := range sortedKeys(r.Placement.NodeSelector) {
+		if k != job.GPUModelLabel && !slices.Contains(allowed, k) {
+			return fmt.Errorf("placement.node_selector: key %q is not one this pool allows (allowed: %s)", k, orNone(allowed))
+		}
 	}
 	return nil
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // Run runs one attempt in a container. Before the container starts, an
 // image that is missing or cannot be pulled is returned as a ClassImage
 // failure, a daemon error as an error (infrastructure). Once it has
 // started, the Outcome says how the attempt ended; the container is gone
-// when Run returns, unless KeepFailed keeps it.
+// when Run returns, unless KeepFailed keeps it, or the worker handed the
+// attempt off (ErrHandedOff): then it runs on, for adoption.
 func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
 	if err := e.Validate(req); err != nil {
@@ -237,12 +318,25 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	if err != nil {
 		return nil, err
 	}
-	keep := func() bool { return e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded }
+	keep := func() bool {
+		return errors.Is(err, executor.ErrHandedOff) || (e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded)
+	}
 	defer func() {
 		if !keep() {
 			_ = dir.Remove()
 		}
 	}()
+	var data string
+	if req.Persists() {
+		if data, err = e.dataVolume(ctx, t.JobID); err != nil {
+			return nil, err
+		}
+	}
+	devices, release, err := e.devices(req.Resources)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 
 	// The container's own calls are not cut short when the attempt is
 	// cancelled: a create cut short may still create, and nothing would
@@ -250,7 +344,8 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	bg := context.WithoutCancel(ctx)
 	log := e.log.With("job_id", t.JobID, "attempt", t.Attempt)
 	name := containerName(t.JobID, t.Attempt, randomSuffix())
-	cfg, host := e.spec(t, img.Config.User, dir)
+	cfg, host := e.spec(t, img.Config.User, dir, data)
+	host.Resources.DeviceRequests = devices
 	_, endCreate := telemetry.Step(ctx, "fleet.container.create")
 	created, err := e.api.ContainerCreate(bg, cfg, host, nil, nil, name)
 	endCreate(err)
@@ -265,47 +360,97 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 		log.Warn("Docker warns about the container", "container", name, "warning", w)
 	}
 	defer func() {
-		if keep() {
+		switch {
+		case errors.Is(err, executor.ErrHandedOff):
+			log.Info("leaving the container running for adoption", "container", name)
+		case keep():
 			log.Info("keeping the container of a failed attempt", "container", name)
-			return
+		default:
+			e.remove(bg, id, name)
 		}
-		e.remove(bg, id, name)
 	}()
 
 	if err := e.api.ContainerStart(bg, id, container.StartOptions{}); err != nil {
 		return e.startFailed(bg, id, name, err)
 	}
 	started := time.Now()
-	_, endRun := telemetry.Step(ctx, "fleet.run")
 	log.Debug("container started", "container", name)
 	if t.Report != nil {
 		t.Report.Phase("running", "container "+name+" started")
 	}
+	return e.supervise(ctx, t, &live{id: id, name: name, dir: dir, started: started}, true)
+}
+
+// live is a container an attempt runs in, started by Run or adopted.
+type live struct {
+	id, name string
+	dir      *workspace.Dir
+	started  time.Time
+	// exited is set when the container had exited before it was adopted.
+	exited bool
+}
+
+// supervise follows a started container until it ends, its timeout
+// (counted from when it started) passes or ctx ends, and says how the
+// attempt ended, with its outputs. With all, it reports the container's
+// whole log; without (an adopted container), the log from now on, or
+// the whole of it once the container has exited. On ErrHandOff it leaves
+// a running container alone and returns ErrHandedOff.
+func (e *Executor) supervise(ctx context.Context, t *executor.Task, c *live, all bool) (*executor.Outcome, error) {
+	req := t.Request
+	bg := context.WithoutCancel(ctx)
+	id, name := c.id, c.name
+	key := executor.AttemptID{JobID: t.JobID, Attempt: t.Attempt}
+	e.track(key, c)
+	defer e.untrack(key)
+	_, endRun := telemetry.Step(ctx, "fleet.run")
 
 	stdout := executor.NewOutput("stdout", t.Report, e.cfg.TailBytes)
 	stderr := executor.NewOutput("stderr", t.Report, e.cfg.TailBytes)
-	logsDone := e.follow(bg, id, stdout, stderr)
+	since := time.Time{}
+	if !all && !c.exited {
+		since = time.Now()
+	}
+	logsCtx, cutLogs := context.WithCancel(bg)
+	defer cutLogs()
+	logsDone := e.follow(logsCtx, id, since, stdout, stderr)
 	// The wait runs on a context of its own, not the attempt's: a cancel
 	// must stop the container, not stop watching it.
 	waitCtx, stopWait := context.WithCancel(bg)
 	defer stopWait()
 	exited := e.wait(waitCtx, id)
 
-	x, stopped := executor.Supervise(ctx, req.Timeout.Std(), exited, func() (exit, string) {
+	timeout := req.Timeout.Std()
+	left := timeout
+	if !all {
+		left -= time.Since(c.started)
+	}
+	handedOff := false
+	x, stopped := executor.SuperviseLeft(ctx, timeout, left, exited, func() (exit, string) {
+		if executor.HandingOff(ctx) {
+			handedOff = true
+			return exit{}, "handed off"
+		}
 		return e.terminate(bg, id, exited)
 	})
+	if handedOff {
+		cutLogs()
+		logsDone()
+		endRun(executor.ErrHandedOff)
+		return nil, executor.ErrHandedOff
+	}
 	logsDone()
 
-	out = &executor.Outcome{StartedAt: started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
+	out := &executor.Outcome{StartedAt: c.started, FinishedAt: time.Now(), Stdout: stdout.Tail(), Stderr: stderr.Tail()}
 	oom := false
 	if x.err == nil {
 		code := int(x.code)
 		out.ExitCode = &code
-		oom, x.err = e.oomKilled(bg, id, started, code == 137 && stopped == nil)
+		oom, x.err = e.oomKilled(bg, id, c.started, code == 137 && stopped == nil)
 	}
 	endRun(x.err)
 	_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
-	outputs, artifacts, ofail := executor.CollectOutputs(ctx, t, dir, e.cfg.Outputs)
+	outputs, artifacts, ofail := executor.CollectOutputs(ctx, t, c.dir, e.cfg.Outputs)
 	endCollect(failErr(ofail))
 	out.Outputs, out.Artifacts = outputs, artifacts
 	switch {
@@ -471,8 +616,12 @@ func (e *Executor) terminate(ctx context.Context, id string, exited <-chan exit)
 // follow copies the container's output, stdout and stderr apart, into the
 // Outputs. The returned function waits for the copy to end, which it does
 // when the container has stopped; it waits a few seconds at most.
-func (e *Executor) follow(ctx context.Context, id string, stdout, stderr *executor.Output) (wait func()) {
-	rc, err := e.stream.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: true})
+func (e *Executor) follow(ctx context.Context, id string, since time.Time, stdout, stderr *executor.Output) (wait func()) {
+	opts := container.LogsOptions{ShowStdout: true, ShowStderr: true, Follow: true}
+	if !since.IsZero() {
+		opts.Since = since.Format(time.RFC3339Nano)
+	}
+	rc, err := e.stream.ContainerLogs(ctx, id, opts)
 	if err != nil {
 		e.log.Warn("cannot follow the container's output", "container_id", id, "err", err)
 		return func() {}

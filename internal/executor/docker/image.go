@@ -50,7 +50,11 @@ func (e *Executor) image(ctx context.Context, ref string, policy job.PullPolicy,
 // infrastructure's fault; any other failure is the image's.
 func (e *Executor) pullImage(ctx context.Context, ref string) error {
 	start := time.Now()
-	rc, err := e.stream.ImagePull(ctx, ref, image.PullOptions{})
+	auth, err := e.auths.For(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("pull image %s: %w", ref, err)
+	}
+	rc, err := e.stream.ImagePull(ctx, ref, image.PullOptions{RegistryAuth: auth})
 	if err == nil {
 		// The stream ends with the error the pull failed with, if any.
 		err = jsonmessage.DisplayJSONMessagesStream(rc, io.Discard, 0, false, nil)

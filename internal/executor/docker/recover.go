@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -17,16 +18,14 @@ import (
 // Recover removes every container that an earlier life of worker workerID
 // left on the Docker host, running or not, with its workspace: a worker
 // killed mid-attempt leaves nothing running or orphaned once it is back.
-//
-// It never reattaches to a running container. That attempt's delivery
-// died with the process that held it: JetStream redelivers the job after
-// its ack wait, and the worker counts the attempt as lost. A container left
-// running would be a second copy of the job, racing the redelivered attempt
-// for the same outputs and the same capacity; killing it keeps one attempt
-// of a job running at a time, with a policy simple enough to trust.
 // Containers kept by KeepFailed go too: they last until the worker starts
-// again.
+// again. A worker that adopts (see RecoverAdoptable) keeps the containers
+// whose attempts its jobs' records still say run.
 func (e *Executor) Recover(ctx context.Context, workerID string) error {
+	return e.recover(ctx, workerID, nil)
+}
+
+func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
 	list, err := e.api.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", LabelManaged+"=true"),
 		filters.Arg("label", LabelWorkerID+"="+workerID),
@@ -37,6 +36,12 @@ func (e *Executor) Recover(ctx context.Context, workerID string) error {
 	var errs []error
 	for _, c := range list {
 		name := strings.TrimPrefix(firstOr(c.Names, c.ID), "/")
+		jobID, attempt := c.Labels[LabelJobID], c.Labels[LabelAttempt]
+		if n, err := strconv.Atoi(attempt); err == nil && adoptable != nil && adoptable(jobID, n) {
+			e.log.Info("keeping a container left by an earlier life of this worker, for adoption", "container", name,
+				"job_id", jobID, "attempt", attempt, "state", c.State)
+			continue
+		}
 		// Force: SIGKILL first when it runs.
 		err := e.api.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !cerrdefs.IsNotFound(err) {
@@ -45,7 +50,7 @@ func (e *Executor) Recover(ctx context.Context, workerID string) error {
 		}
 		e.removeWorkspace(c.Labels[LabelWorkspace])
 		e.log.Info("removed a container left by an earlier life of this worker", "container", name,
-			"job_id", c.Labels[LabelJobID], "attempt", c.Labels[LabelAttempt], "state", c.State)
+			"job_id", jobID, "attempt", attempt, "state", c.State)
 	}
 	return errors.Join(errs...)
 }

@@ -306,8 +306,8 @@ func testRecover(t *testing.T, s *suite) {
 	}
 	// Another worker, killed as well, whose attempt is not ours to settle.
 	other, oc := s.start(t, prog)
-	crashed.Orphan(t)
-	other.Orphan(t)
+	crashed.Orphan(t, &job.Request{ID: "orphan-" + random(), Env: c.Env()})
+	other.Orphan(t, &job.Request{ID: "orphan-" + random(), Env: oc.Env()})
 	if len(crashed.Left(t)) == 0 || len(other.Left(t)) == 0 {
 		t.Fatalf("the killed workers left nothing behind (%q, %q): the orphans did not run", crashed.Left(t), other.Left(t))
 	}

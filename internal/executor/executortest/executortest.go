@@ -38,7 +38,17 @@
 //     of a worker with its id, and another worker's is not (Recover);
 //   - validate: Validate accepts what the backend runs and refuses what it
 //     never can (no command; in a container, no image), and Run refuses it
-//     too, without crashing (Validate).
+//     too, without crashing (Validate);
+//   - adopt: an attempt a killed worker left running is found running and
+//     adopted to its end, with its outputs; one that ended while no worker
+//     watched is settled from its exit code; one handed off (ErrHandOff)
+//     runs on and is adopted; RecoverAdoptable keeps what may be adopted
+//     and removes the rest; what is gone is found gone (Adopt);
+//   - persist: a job's data directory is the same for its attempts, in
+//     FLEET_DATA, whichever executor of the backend runs them, and goes
+//     with RemoveData (Persist);
+//   - usage: while an attempt spins a CPU, Usage reads its memory,
+//     processes and CPU (Usage).
 //
 // After every attempt the suite checks that nothing of it is left running
 // (Instance.Left), that the outcome is consistent (a failure exactly when
@@ -94,7 +104,18 @@ const (
 	Recover Ability = "recover"
 	// Validate: the executor implements executor.Validator.
 	Validate Ability = "validate"
+	// Adopt: the executor implements executor.Adopter, and the Instance
+	// can leave an orphan (Instance.Orphan).
+	Adopt Ability = "adopt"
+	// Persist: the executor implements executor.DataKeeper: a job that asks
+	// for it has a data directory that its attempts share.
+	Persist Ability = "persist"
+	// Usage: the executor implements executor.UsageReader and reads, while
+	// an attempt runs, its memory, processes and CPU.
+	Usage Ability = "usage"
 )
+
+var abilities = []Ability{Programs, SeparateStderr, OOM, Container, ReadOnlyInputs, Recover, Validate, Adopt, Persist, Usage}
 
 // Backend is an executor under test.
 type Backend struct {
@@ -154,11 +175,11 @@ type Instance struct {
 	// Logs returns what the executor has logged, if the backend captures
 	// it; the suite checks it for env values.
 	Logs func() string
-	// Orphan runs the case's program as an attempt of another process, a
-	// worker with the case's worker id, and kills that process (SIGKILL)
-	// once the attempt runs: what a crashed worker leaves. Required with
-	// Recover.
-	Orphan func(t *testing.T)
+	// Orphan runs r, completed as Complete does, as attempt 1 of job r.ID
+	// in another process, a worker with the case's worker id, and kills
+	// that process (SIGKILL) once the attempt runs: what a crashed worker
+	// leaves. Required with Recover and Adopt.
+	Orphan func(t *testing.T, r *job.Request)
 }
 
 // Environment variables of the suite.
@@ -204,6 +225,9 @@ var behaviours = []behaviour{
 	{"output_lines", []Ability{Programs}, testOutputLines},
 	{"recover", []Ability{Recover}, testRecover},
 	{"validate", []Ability{Validate}, testValidate},
+	{"adopt", []Ability{Programs, Adopt}, testAdopt},
+	{"persist", []Ability{Programs, Persist}, testPersist},
+	{"usage", []Ability{Programs, Usage}, testUsage},
 }
 
 // Run runs every behaviour against b, each a parallel subtest. It sets
@@ -215,7 +239,7 @@ func Run(t *testing.T, b Backend) {
 		t.Fatal("executortest: a Backend needs a Name and New")
 	}
 	for a := range b.Lacks {
-		if !slices.Contains([]Ability{Programs, SeparateStderr, OOM, Container, ReadOnlyInputs, Recover, Validate}, a) {
+		if !slices.Contains(abilities, a) {
 			t.Fatalf("executortest: %s lacks unknown ability %q", b.Name, a)
 		}
 	}
@@ -231,7 +255,7 @@ func Run(t *testing.T, b Backend) {
 		t.Run(bh.name, func(t *testing.T) {
 			for _, a := range bh.needs {
 				if why, lacks := b.Lacks[a]; lacks {
-					if a == Recover || a == Validate {
+					if a == Recover || a == Validate || a == Adopt || a == Persist {
 						s.checkLacks(t, a)
 					}
 					t.Skipf("not applicable to the %s executor, which lacks %q: %s", b.Name, a, why)
@@ -262,7 +286,9 @@ func (s *suite) checkLacks(t *testing.T, a Ability) {
 	inst, _ := s.start(t, nil)
 	_, recoverer := inst.Executor.(executor.Recoverer)
 	_, validator := inst.Executor.(executor.Validator)
-	if (a == Recover && recoverer) || (a == Validate && validator) {
+	_, adopter := inst.Executor.(executor.Adopter)
+	_, keeper := inst.Executor.(executor.DataKeeper)
+	if (a == Recover && recoverer) || (a == Validate && validator) || (a == Adopt && adopter) || (a == Persist && keeper) {
 		t.Fatalf("the %s executor declares that it lacks %q, yet implements its interface: the suite must test it", s.b.Name, a)
 	}
 }

@@ -40,6 +40,7 @@ const (
 	VerbAlloc      = "alloc"
 	VerbSleep      = "sleep"
 	VerbExit       = "exit"
+	VerbSpin       = "spin"
 )
 
 // Echo prints text on stdout.
@@ -76,6 +77,9 @@ func Alloc(n int64) Step { return Step{VerbAlloc, []string{strconv.FormatInt(n, 
 
 // Sleep sleeps for d.
 func Sleep(d time.Duration) Step { return Step{VerbSleep, []string{d.String()}} }
+
+// Spin keeps one CPU busy for d.
+func Spin(d time.Duration) Step { return Step{VerbSpin, []string{d.String()}} }
 
 // Exit exits with code.
 func Exit(code int) Step { return Step{VerbExit, []string{strconv.Itoa(code)}} }
@@ -116,7 +120,7 @@ func (p Program) Lines() []Line {
 func (p Program) End() (d time.Duration, code int, oom bool) {
 	for _, s := range p {
 		switch s.Verb {
-		case VerbSleep:
+		case VerbSleep, VerbSpin:
 			v, err := time.ParseDuration(s.Args[0])
 			if err != nil {
 				panic(fmt.Sprintf("executortest: sleep %q: %v", s.Args[0], err))

@@ -17,7 +17,9 @@ import (
 // Capacity reports what the namespace's ResourceQuotas let pods request:
 // the tightest of requests.cpu, cpu, and limits.cpu divided by the CPU
 // limit ratio, and the same for memory and GPUs. Without a quota the totals
-// are unknown (nil), and the worker's slots alone bound its work. Workers
+// are unknown (nil), and the worker's slots alone bound its work; GPUs are
+// then those of the cluster's nodes, when the worker may list them (see
+// Inventory), else none. Workers
 // that share a namespace each report its whole quota. It also counts the
 // worker's pods by state.
 func (e *Executor) Capacity(ctx context.Context) (*executor.Capacity, error) {
@@ -48,6 +50,10 @@ func (e *Executor) Capacity(ctx context.Context) (*executor.Capacity, error) {
 	}
 	if gpus != nil {
 		c.GPUs = int(*gpus)
+	} else if n, ok := e.nodeGPUs(ctx); ok {
+		// No quota bounds GPUs: the nodes' are the bound, when the worker
+		// may read them.
+		c.GPUs = n
 	}
 	if !e.jobsSynced() || !e.podsSynced() {
 		c.Health, c.Reason = job.HealthDegraded, "not watching the namespace's Jobs and pods yet"

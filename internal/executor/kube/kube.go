@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,6 +105,13 @@ type Config struct {
 	WritableRootFilesystem bool
 	// PodAnnotations are added to every pod.
 	PodAnnotations map[string]string
+	// PodTemplate is the pool's pod template, which every attempt's pod is
+	// built on (see LoadPodTemplate and template.go for what it may set).
+	PodTemplate *corev1.PodTemplateSpec
+	// PlacementKeys are the node label keys requests may select with
+	// placement.node_selector; nvidia.com/gpu.product (resources.gpu_model)
+	// is always allowed. A request naming another key is refused.
+	PlacementKeys []string
 
 	// SyncTimeout bounds the wait for the first list of the worker's Jobs
 	// and pods. Defaults to 30 seconds.
@@ -188,13 +196,33 @@ type Executor struct {
 
 	mu       sync.Mutex
 	watchers map[string]*watcher // by Job name
+	running  map[string]*attempt // by Job name, for Usage
+
+	// inventory is the nodes' inventory, read at most every inventoryAge.
+	invMu  sync.Mutex
+	inv    *job.Inventory
+	invAt  time.Time
+	invErr error
+	// invForbidden: the worker may not list nodes.
+	invForbidden bool
+	// invGPUs is the GPUs of every node together; -1 when unknown.
+	invGPUs int
+	// metricsAt is when the metrics API was last found not served; it is
+	// asked again after metricsRecheck.
+	metricsMissing time.Time
+	// metricsErr is how the last read of the metrics API ended.
+	metricsErr error
 }
 
 var (
-	_ executor.Executor       = (*Executor)(nil)
-	_ executor.Validator      = (*Executor)(nil)
-	_ executor.Recoverer      = (*Executor)(nil)
-	_ executor.CapacityReader = (*Executor)(nil)
+	_ executor.Executor        = (*Executor)(nil)
+	_ executor.Validator       = (*Executor)(nil)
+	_ executor.Recoverer       = (*Executor)(nil)
+	_ executor.CapacityReader  = (*Executor)(nil)
+	_ executor.Adopter         = (*Executor)(nil)
+	_ executor.DataKeeper      = (*Executor)(nil)
+	_ executor.UsageReader     = (*Executor)(nil)
+	_ executor.InventoryReader = (*Executor)(nil)
 )
 
 // New returns an Executor and starts watching the worker's Jobs and pods.
@@ -210,6 +238,7 @@ func New(cfg Config) (*Executor, error) {
 		log:      cfg.Logger.With("component", "kube", "namespace", cfg.Namespace),
 		stop:     make(chan struct{}),
 		watchers: map[string]*watcher{},
+		running:  map[string]*attempt{},
 	}
 	if err := e.startInformers(); err != nil {
 		return nil, fmt.Errorf("kubernetes executor: %w", err)
@@ -247,6 +276,24 @@ func (e *Executor) Validate(r *job.Request) error {
 			problems = append(problems, "resources.memory must be more than zero")
 		}
 	}
+	if r.Persists() && e.cfg.SharedPVC == "" {
+		problems = append(problems, "it asks for a data directory (persist), but the workers of this pool have no shared volume to keep it on (the worker's --shared-pvc is unset)")
+	}
+	if r.Placement != nil {
+		for _, k := range sortedKeys(r.Placement.NodeSelector) {
+			v := r.Placement.NodeSelector[k]
+			if k != job.GPUModelLabel && !slices.Contains(e.cfg.PlacementKeys, k) {
+				problems = append(problems, fmt.Sprintf("placement.node_selector: key %q is not one this pool allows (allowed: %s)", k, orNone(e.cfg.PlacementKeys)))
+			} else if t := e.cfg.PodTemplate; t != nil && t.Spec.NodeSelector[k] != "" && t.Spec.NodeSelector[k] != v {
+				problems = append(problems, fmt.Sprintf("placement.node_selector: %s=%s, but the pool's pod template pins %s=%s", k, v, k, t.Spec.NodeSelector[k]))
+			}
+		}
+	}
+	if m := r.Resources; m != nil && m.GPUModel != "" {
+		if t := e.cfg.PodTemplate; t != nil && t.Spec.NodeSelector[job.GPUModelLabel] != "" && t.Spec.NodeSelector[job.GPUModelLabel] != m.GPUModel {
+			problems = append(problems, fmt.Sprintf("resources.gpu_model %s, but the pool's pod template pins %s=%s", m.GPUModel, job.GPUModelLabel, t.Spec.NodeSelector[job.GPUModelLabel]))
+		}
+	}
 	if r.Timeout != nil && *r.Timeout <= 0 {
 		problems = append(problems, "the timeout must be more than zero: it becomes the Job's activeDeadlineSeconds")
 	}
@@ -269,6 +316,13 @@ func (e *Executor) Validate(r *job.Request) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
 }
 
 // maxSecretData bounds what a request puts in its Secret: a Secret holds

@@ -95,6 +95,9 @@ func (a *attempt) readLogs(ctx context.Context, v *verdict) {
 // stream opened.
 func (a *attempt) copyLog(ctx context.Context, pod string, follow bool) (opened bool, err error) {
 	opts := &corev1.PodLogOptions{Container: ContainerName, Follow: follow}
+	if follow {
+		opts.SinceTime = a.since
+	}
 	rc, err := a.e.client.CoreV1().Pods(a.e.cfg.Namespace).GetLogs(pod, opts).Stream(ctx)
 	if err != nil {
 		return false, fmt.Errorf("log of pod %s: %w", pod, err)

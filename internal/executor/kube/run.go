@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	batchlisters "k8s.io/client-go/listers/batch/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -46,7 +49,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 		return nil, err
 	}
 
-	a := &attempt{e: e, t: t, req: req, name: jobName(t.JobID, t.Attempt),
+	a := &attempt{e: e, t: t, req: req, name: jobName(t.JobID, t.Attempt), jobs: e.jobs, pods: e.pods,
 		stdout: executor.NewOutput("stdout", t.Report, e.cfg.TailBytes)}
 	a.log = e.log.With("job_id", t.JobID, "attempt", t.Attempt, "k8s_job", a.name)
 	var unwatch func()
@@ -55,22 +58,34 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 
 	var dir *workspace.Dir
 	subPath := ""
+	handedOff := false
 	if e.cfg.SharedPVC != "" {
 		var err error
 		dir, err = sharedWorkspace(ctx, t, req, filepath.Join(e.cfg.SharedDir, labelValue(t.WorkerID)))
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = dir.Remove() }()
+		defer func() {
+			if !handedOff {
+				_ = dir.Remove()
+			}
+		}()
 		rel, err := filepath.Rel(e.cfg.SharedDir, dir.Outputs)
 		if err != nil {
 			return nil, fmt.Errorf("outputs folder on the shared volume: %w", err)
 		}
 		subPath = filepath.ToSlash(rel)
 	}
+	dataPath := ""
+	if req.Persists() {
+		var err error
+		if dataPath, err = e.dataDir(t.JobID); err != nil {
+			return nil, err
+		}
+	}
 
 	_, endCreate := telemetry.Step(ctx, "fleet.job.create")
-	s := e.cfg.build(t, req, a.name, subPath)
+	s := e.cfg.build(t, req, a.name, subPath, dataPath)
 	if dir != nil && len(req.InputRefs) > 0 {
 		if err := s.inputsOnSharedVolume(e.cfg.SharedPVC, e.cfg.SharedDir, dir); err != nil {
 			return nil, err
@@ -84,19 +99,38 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 		}
 		return nil, err
 	}
-	started := time.Now()
+	a.started = time.Now()
 	a.phase("Pending", "Created", fmt.Sprintf("Job %s/%s", e.cfg.Namespace, a.name))
+	out, err := a.toEnd(ctx, dir)
+	handedOff = errors.Is(err, executor.ErrHandedOff)
+	return out, err
+}
 
+// toEnd waits for the attempt's Job to end, reads the rest of its log and
+// collects its outputs from dir (nil without a shared volume). On a
+// hand-off it returns ErrHandedOff, leaving the Job running.
+func (a *attempt) toEnd(ctx context.Context, dir *workspace.Dir) (*executor.Outcome, error) {
+	a.track()
+	defer a.untrack()
 	_, endRun := telemetry.Step(ctx, "fleet.run")
 	v := a.wait(ctx)
+	if v.handedOff {
+		endRun(executor.ErrHandedOff)
+		if a.logs != nil {
+			a.logs.cancel()
+			<-a.logs.done
+		}
+		a.log.Info("leaving the Job running for adoption")
+		return nil, executor.ErrHandedOff
+	}
 	endRun(nil)
 	a.phase(v.phase, v.reason, v.message())
 	a.readLogs(ctx, v)
 	out := &executor.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
-		StartedAt: started, Stdout: a.stdout.Tail()}
+		StartedAt: a.started, Stdout: a.stdout.Tail()}
 	if dir != nil {
 		_, endCollect := telemetry.Step(ctx, "fleet.outputs.collect")
-		outputs, artifacts, fail := executor.CollectOutputs(ctx, t, dir, e.cfg.Outputs)
+		outputs, artifacts, fail := executor.CollectOutputs(ctx, a.t, dir, a.e.cfg.Outputs)
 		if fail != nil {
 			endCollect(fail)
 		} else {
@@ -120,6 +154,15 @@ type attempt struct {
 	log    *slog.Logger
 	w      *watcher
 	stdout *executor.Output
+	// jobs and pods are the caches the attempt reads its Job and pods
+	// from: the executor's, or an adoption's own.
+	jobs batchlisters.JobNamespaceLister
+	pods corelisters.PodNamespaceLister
+	// started is when the attempt started: its Job was created.
+	started time.Time
+	// since, for an adopted attempt, is when it was adopted: its log is
+	// followed from then.
+	since *metav1.Time
 
 	pod        *corev1.Pod // the newest pod seen, kept after it is deleted
 	reported   string      // the last phase reported
@@ -186,7 +229,7 @@ func (a *attempt) wait(ctx context.Context) *verdict {
 	timeout := a.req.Timeout.Std()
 	// Kubernetes enforces the timeout (activeDeadlineSeconds); this timer
 	// only catches a Job that it failed to stop.
-	overdue := time.NewTimer(timeout + a.e.cfg.DeadlineSlack)
+	overdue := time.NewTimer(max(time.Until(a.started.Add(timeout+a.e.cfg.DeadlineSlack)), time.Millisecond))
 	defer overdue.Stop()
 	for {
 		v, recheck := a.check(ctx)
@@ -209,6 +252,9 @@ func (a *attempt) wait(ctx context.Context) *verdict {
 			a.stop(ctx, v)
 			return v
 		case <-ctx.Done():
+			if executor.HandingOff(ctx) {
+				return &verdict{handedOff: true}
+			}
 			v := &verdict{status: job.StatusCancelled, phase: "Failed", reason: "Cancelled",
 				failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "%v", context.Cause(ctx))}
 			a.stop(ctx, v)
@@ -227,7 +273,7 @@ func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration)
 		return &verdict{status: job.StatusFailed, phase: "Failed", reason: "Deleted", stop: true,
 			failure: job.Failf(job.ClassInfrastructure, job.CodeJobDeleted, "Job %s/%s was deleted while it ran", a.e.cfg.Namespace, a.name)}, 0
 	}
-	j, err := a.e.jobs.Get(a.name)
+	j, err := a.jobs.Get(a.name)
 	if err != nil {
 		return nil, 0 // not in the cache yet
 	}
@@ -326,7 +372,7 @@ func (a *attempt) phase(phase, reason, message string) {
 
 // newestPod returns the Job's newest pod in the cache, or nil.
 func (a *attempt) newestPod() *corev1.Pod {
-	pods, err := a.e.pods.List(labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: a.name}))
+	pods, err := a.pods.List(labels.SelectorFromSet(labels.Set{batchv1.JobNameLabel: a.name}))
 	if err != nil {
 		return nil
 	}

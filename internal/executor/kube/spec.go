@@ -45,6 +45,7 @@ const (
 	volumeInputs  = "inputs"
 	volumeOutputs = "outputs"
 	volumeWork    = "work"
+	volumeData    = "data"
 )
 
 // spec is what one attempt submits: a Job, and a Secret holding the
@@ -85,7 +86,7 @@ func ownerLabels(workerID string) map[string]string {
 // activeDeadlineSeconds, no retries by Kubernetes, and the workspace
 // contract. subPath is the attempt's outputs folder on the shared volume,
 // empty without one. The request must be valid and normalized.
-func (c *Config) build(t *executor.Task, req *job.Request, name, subPath string) *spec {
+func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPath string) *spec {
 	labels := maps.Clone(req.Labels)
 	if labels == nil {
 		labels = map[string]string{}
@@ -108,6 +109,9 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath string)
 		{Name: "FLEET_JOB_ID", Value: t.JobID},
 		{Name: "FLEET_ATTEMPT", Value: strconv.Itoa(t.Attempt)},
 		{Name: "FLEET_POOL", Value: t.Pool},
+	}
+	if dataPath != "" {
+		env = append(env, corev1.EnvVar{Name: "FLEET_DATA", Value: workspace.ContainerData})
 	}
 	// The root filesystem is read-only: HOME and TMPDIR point at the work
 	// folder, as the process executor sets them, unless the request does.
@@ -172,6 +176,18 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath string)
 		},
 	}
 
+	volumes := []corev1.Volume{
+		{Name: volumeInputs, VolumeSource: inputs},
+		{Name: volumeOutputs, VolumeSource: outputs},
+		{Name: volumeWork, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	if dataPath != "" {
+		volumes = append(volumes, corev1.Volume{Name: volumeData,
+			VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c.SharedPVC}}})
+		container.VolumeMounts = append(container.VolumeMounts,
+			corev1.VolumeMount{Name: volumeData, MountPath: workspace.ContainerData, SubPath: dataPath})
+	}
+
 	s.job = &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: ids},
 		Spec: batchv1.JobSpec{
@@ -196,17 +212,33 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath string)
 						RunAsGroup:     new(c.RunAsUser),
 						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 					},
-					Containers: []corev1.Container{container},
-					Volumes: []corev1.Volume{
-						{Name: volumeInputs, VolumeSource: inputs},
-						{Name: volumeOutputs, VolumeSource: outputs},
-						{Name: volumeWork, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-					},
+					Containers:   []corev1.Container{container},
+					Volumes:      volumes,
+					NodeSelector: nodeSelector(req),
 				},
 			},
 		},
 	}
+	if c.PodTemplate != nil {
+		s.job.Spec.Template = mergeTemplate(c.PodTemplate, s.job.Spec.Template)
+	}
 	return s
+}
+
+// nodeSelector is what a request asks of its node: its placement's node
+// selector, and the GPU model's label.
+func nodeSelector(req *job.Request) map[string]string {
+	var sel map[string]string
+	if req.Placement != nil && len(req.Placement.NodeSelector) > 0 {
+		sel = maps.Clone(req.Placement.NodeSelector)
+	}
+	if m := req.Resources.GPUModel; m != "" {
+		if sel == nil {
+			sel = map[string]string{}
+		}
+		sel[job.GPUModelLabel] = m
+	}
+	return sel
 }
 
 // resources maps the request's resources onto requests and limits: limits

@@ -232,7 +232,7 @@ func TestBuild(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg.WithDefaults()
-			s := cfg.build(task(tc.req), tc.req, "fleet-job-1-a2-xyz12", tc.subPath)
+			s := cfg.build(task(tc.req), tc.req, "fleet-job-1-a2-xyz12", tc.subPath, "")
 			equal(t, "Job name", s.job.Name, "fleet-job-1-a2-xyz12")
 			tc.check(t, s)
 		})

@@ -19,6 +19,8 @@ type verdict struct {
 	phase, reason string
 	// stop: the Job still runs, and must be deleted.
 	stop bool
+	// handedOff: the worker stopped following the attempt, which runs on.
+	handedOff bool
 }
 
 // message explains the verdict in a phase report.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ func TestConformance(t *testing.T) {
 	lacks := map[executortest.Ability]string{
 		executortest.OOM:       "it sets no memory limit: a process job may use what the host has",
 		executortest.Container: "it runs no image: jobs see their workspace where the worker made it",
+		executortest.Adopt:     "a process dies with its worker (it is started with Pdeathsig): nothing is left to adopt",
 	}
 	if os.Geteuid() == 0 {
 		lacks[executortest.ReadOnlyInputs] = "the worker runs as root, and so do its jobs, which file permissions do not bind: " +
@@ -40,7 +42,7 @@ func TestConformance(t *testing.T) {
 		},
 		New: func(t *testing.T, c *executortest.Case) *executortest.Instance {
 			dir := t.TempDir()
-			e, err := New(Config{Dir: dir, Grace: 500 * time.Millisecond})
+			e, err := New(Config{Dir: dir, DataDir: dataDirOf(t), Grace: 500 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,14 +59,28 @@ func TestConformance(t *testing.T) {
 					}
 					return left
 				},
-				Orphan: func(t *testing.T) {
-					r := &job.Request{Env: c.Env()}
+				Orphan: func(t *testing.T, r *job.Request) {
+					r = r.Clone()
 					r.Command = append([]string{prog}, c.Program.Args()...)
 					executortest.StartOrphan(t, orphan{WorkerID: c.WorkerID, Dir: dir, Request: r})
 				},
 			}
 		},
 	})
+}
+
+// dataDirs holds the data folder of each behaviour, shared by the executors
+// it starts, as the attempts of one worker share it.
+var dataDirs sync.Map // *testing.T → string
+
+func dataDirOf(t *testing.T) string {
+	if d, ok := dataDirs.Load(t); ok {
+		return d.(string)
+	}
+	d := t.TempDir()
+	dataDirs.Store(t, d)
+	t.Cleanup(func() { dataDirs.Delete(t) })
+	return d
 }
 
 func TestMain(m *testing.M) {
@@ -91,7 +107,11 @@ func startOrphan(spec []byte) (executor.Executor, *executor.Task, error) {
 		return nil, nil, err
 	}
 	o.Request.Normalize()
-	return e, &executor.Task{JobID: "orphan", Attempt: 1, WorkerID: o.WorkerID, Pool: "default", Request: o.Request}, nil
+	id := o.Request.ID
+	if id == "" {
+		id = "orphan"
+	}
+	return e, &executor.Task{JobID: id, Attempt: 1, WorkerID: o.WorkerID, Pool: "conformance", Request: o.Request}, nil
 }
 
 // killMarked kills the processes whose environment holds marker.

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -45,18 +46,38 @@ type Config struct {
 	Outputs workspace.Limits
 	// TailBytes is how much of stdout and stderr a result keeps.
 	TailBytes int
+	// DataDir holds the jobs' data directories (persist), one folder per
+	// job named by its id. Defaults to Dir with "-data" appended.
+	DataDir string
+	// Labels are the worker's labels, which requests select with
+	// placement.node_selector (keys among PlacementKeys).
+	Labels        map[string]string
+	PlacementKeys []string
 }
 
 // Executor runs attempts as processes.
 type Executor struct {
 	cfg  Config
 	path string
+
+	mu      sync.Mutex
+	running map[executor.AttemptID]proc // for Usage
+	cpu     executor.CPUMeter
+}
+
+// proc is the process group of a running attempt.
+type proc struct {
+	pgid    int
+	started time.Time
 }
 
 var (
-	_ executor.Executor  = (*Executor)(nil)
-	_ executor.Validator = (*Executor)(nil)
-	_ executor.Recoverer = (*Executor)(nil)
+	_ executor.Executor    = (*Executor)(nil)
+	_ executor.Validator   = (*Executor)(nil)
+	_ executor.Recoverer   = (*Executor)(nil)
+	_ executor.UsageReader = (*Executor)(nil)
+	_ executor.DataKeeper  = (*Executor)(nil)
+	_ executor.Fitter      = (*Executor)(nil)
 )
 
 // ownerFile, in the root of an attempt's workspace, holds the id of the
@@ -74,11 +95,17 @@ func New(cfg Config) (*Executor, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("attempts folder: %w", err)
 	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = filepath.Clean(cfg.Dir) + "-data"
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data folder: %w", err)
+	}
 	path := os.Getenv("PATH")
 	if path == "" {
 		path = "/usr/local/bin:/usr/bin:/bin"
 	}
-	return &Executor{cfg: cfg, path: path}, nil
+	return &Executor{cfg: cfg, path: path, running: map[executor.AttemptID]proc{}}, nil
 }
 
 // Validate refuses requests a process cannot run.
@@ -91,6 +118,27 @@ func (e *Executor) Validate(r *job.Request) error {
 	}
 	if r.Resources != nil && r.Resources.GPU > 0 {
 		return errors.New("GPUs are not available to process jobs")
+	}
+	if r.Placement != nil {
+		for k := range r.Placement.NodeSelector {
+			if !slices.Contains(e.cfg.PlacementKeys, k) {
+				return fmt.Errorf("placement.node_selector: key %q is not one this pool allows (allowed: %v)", k, e.cfg.PlacementKeys)
+			}
+		}
+	}
+	return nil
+}
+
+// Fits implements executor.Fitter: a request for labels this worker does
+// not carry is for another worker of the pool.
+func (e *Executor) Fits(r *job.Request) error {
+	if r.Placement == nil {
+		return nil
+	}
+	for k, v := range r.Placement.NodeSelector {
+		if e.cfg.Labels[k] != v {
+			return fmt.Errorf("node_selector %s=%s: this worker's labels do not match", k, v)
+		}
 	}
 	return nil
 }
@@ -121,7 +169,13 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	if err := os.MkdirAll(cmd.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("workdir: %w", err)
 	}
-	cmd.Env = e.environ(t, dir)
+	data := ""
+	if req.Persists() {
+		if data, err = e.dataDir(t.JobID); err != nil {
+			return nil, err
+		}
+	}
+	cmd.Env = e.environ(t, dir, data)
 	// Its own process group, so that a stop reaches its children; and it
 	// dies with the worker, whose successor will run the job again.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -142,6 +196,15 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}
 	copied.started()
 	pgid := cmd.Process.Pid
+	key := executor.AttemptID{JobID: t.JobID, Attempt: t.Attempt}
+	e.mu.Lock()
+	e.running[key] = proc{pgid: pgid, started: started}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.running, key)
+		e.mu.Unlock()
+	}()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
@@ -200,7 +263,7 @@ func (e *Executor) terminate(pgid int, exited <-chan error) (error, string) {
 // environ is the process's whole environment: a PATH, the workspace, and
 // the request's own variables. Nothing of the worker's environment (its
 // credentials among them) reaches the job.
-func (e *Executor) environ(t *executor.Task, dir *workspace.Dir) []string {
+func (e *Executor) environ(t *executor.Task, dir *workspace.Dir, data string) []string {
 	env := []string{
 		"PATH=" + e.path,
 		"HOME=" + dir.Work,
@@ -211,6 +274,9 @@ func (e *Executor) environ(t *executor.Task, dir *workspace.Dir) []string {
 		"FLEET_JOB_ID=" + t.JobID,
 		"FLEET_ATTEMPT=" + strconv.Itoa(t.Attempt),
 		"FLEET_POOL=" + t.Pool,
+	}
+	if data != "" {
+		env = append(env, "FLEET_DATA="+data)
 	}
 	for k, v := range t.Request.Env {
 		env = append(env, k+"="+v)
