@@ -157,27 +157,22 @@ func start() (*Env, error) {
 		}
 	}
 
-	runDir, err := os.MkdirTemp("", "fleet-kubetest-")
-	if err != nil {
-		return nil, fmt.Errorf("create run directory: %w", err)
+	// up.sh picks free ports and then starts the components on them; a
+	// test binary running beside it may take one in between. A component
+	// that finds its port taken makes the whole start fail, and it is
+	// tried again on new ports.
+	var runDir string
+	for try := 1; ; try++ {
+		var out string
+		runDir, out, err = up(dir)
+		if err == nil {
+			break
+		}
+		if try == 3 || !strings.Contains(out, "address already in use") {
+			return nil, fmt.Errorf("hack/k8senv/up.sh: %w\n%s", err, tail(out, 60))
+		}
+		fmt.Fprintf(os.Stderr, "kubetest: a port of the control plane was taken meanwhile; starting it again (try %d)\n", try+1)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
-	defer cancel()
-	up := exec.CommandContext(ctx, filepath.Join(dir, "up.sh"), runDir)
-	up.Env = append(os.Environ(), fmt.Sprintf("FLEET_K8S_WATCH_PID=%d", os.Getpid()))
-	up.WaitDelay = 10 * time.Second
-	var out bytes.Buffer
-	up.Stdout = &out
-	up.Stderr = &out
-	begin := time.Now()
-	if err := up.Run(); err != nil {
-		// up.sh stops what it started when it fails, but not when it is
-		// killed at the timeout; down.sh also removes the run directory.
-		_ = runScript(filepath.Join(dir, "down.sh"), runDir)
-		_ = os.RemoveAll(runDir)
-		return nil, fmt.Errorf("hack/k8senv/up.sh: %w\n%s", err, tail(out.String(), 60))
-	}
-	fmt.Fprintf(os.Stderr, "kubetest: control plane up in %s (%s)\n", time.Since(begin).Round(100*time.Millisecond), runDir)
 
 	env, err := load(dir, runDir)
 	if err != nil {
@@ -185,6 +180,33 @@ func start() (*Env, error) {
 		return nil, err
 	}
 	return env, nil
+}
+
+// up runs up.sh in a new run directory and returns the directory, or its
+// output and why it failed.
+func up(dir string) (runDir, output string, err error) {
+	runDir, err = os.MkdirTemp("", "fleet-kubetest-")
+	if err != nil {
+		return "", "", fmt.Errorf("create run directory: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "up.sh"), runDir)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("FLEET_K8S_WATCH_PID=%d", os.Getpid()))
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	begin := time.Now()
+	if err := cmd.Run(); err != nil {
+		// up.sh stops what it started when it fails, but not when it is
+		// killed at the timeout; down.sh also removes the run directory.
+		_ = runScript(filepath.Join(dir, "down.sh"), runDir)
+		_ = os.RemoveAll(runDir)
+		return "", out.String(), err
+	}
+	fmt.Fprintf(os.Stderr, "kubetest: control plane up in %s (%s)\n", time.Since(begin).Round(100*time.Millisecond), runDir)
+	return runDir, "", nil
 }
 
 func load(scripts, runDir string) (*Env, error) {
