@@ -60,8 +60,12 @@ type Request struct {
 	// Timeout bounds one attempt's run time. Defaults to 60s.
 	Timeout *Duration `json:"timeout,omitempty"`
 	// QueueTimeout bounds how long the job may wait before its first attempt
-	// starts. Unset means no bound.
+	// starts, counted from NotBefore when that is later than the
+	// submission. Unset means no bound.
 	QueueTimeout *Duration `json:"queue_timeout,omitempty"`
+	// NotBefore delays the job's first attempt: the job is accepted at once
+	// and does not start before this time (RFC 3339).
+	NotBefore *time.Time `json:"not_before,omitempty"`
 	// Deadline bounds the whole job, all attempts and the waits between them,
 	// measured from submission. Unset means no bound.
 	Deadline *Duration    `json:"deadline,omitempty"`
@@ -160,6 +164,10 @@ func DecodeRequest(data []byte, l Limits) (*Request, error) {
 		var de *durationError
 		if errors.As(err, &de) {
 			return nil, fmt.Errorf("invalid request: %s: %w", durationField(data, de.value), err)
+		}
+		var te *time.ParseError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("invalid request: not_before: must be an RFC 3339 time such as 2026-12-01T09:30:00Z, got %s", te.Value)
 		}
 		return nil, fmt.Errorf("invalid request: %w", err)
 	}

@@ -42,7 +42,8 @@ type Record struct {
 	UpdatedAt   time.Time  `json:"updated_at"`
 	StartedAt   *time.Time `json:"started_at,omitempty"`
 	FinishedAt  *time.Time `json:"finished_at,omitempty"`
-	// NextAttemptAt is set while the job waits for a retry.
+	// NextAttemptAt is set while the job waits for a retry, or for its
+	// not_before.
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
 	Failure       *Failure   `json:"failure,omitempty"`
 	// ExitCode is the last attempt's exit code, once the job has ended

@@ -102,6 +102,12 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 	rec := &job.Record{ID: req.ID, Pool: req.Pool, State: job.StateQueued, MaxAttempts: req.Retry.MaxAttempts,
 		SubmittedAt: at, UpdatedAt: at, TraceID: traceID, RunID: req.RunID, NodeID: req.NodeID, Labels: req.Labels,
 		SubmitSeq: seq}
+	queuedMsg := warning
+	if nb := req.NotBefore; nb != nil && nb.After(at) {
+		// The job waits for its first attempt as it would for a retry.
+		rec.NextAttemptAt = nb
+		queuedMsg = strings.TrimPrefix(warning+"; starts not before "+nb.UTC().Format(time.RFC3339), "; ")
+	}
 	rev, err := d.store.Create(ctx, rec)
 	duplicate := false
 	if errors.Is(err, queue.ErrExists) {
@@ -144,7 +150,7 @@ func (d *Dispatcher) accept(ctx context.Context, data []byte, seq uint64, at tim
 	// The queued event goes out before the job, on the same connection, so
 	// that it comes before anything a worker says about the job.
 	queued, err := d.publishEventAsync(&job.Event{JobID: req.ID, Type: job.EventQueued, Time: at, Pool: req.Pool,
-		TraceID: traceID, Message: warning})
+		TraceID: traceID, Message: queuedMsg})
 	if err != nil {
 		return nil, errTransient{err}
 	}

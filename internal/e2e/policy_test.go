@@ -292,3 +292,40 @@ func TestOOMRetryRaisesMemory(t *testing.T) {
 		t.Errorf("retry event: %q", retry.Message)
 	}
 }
+
+// TestNotBefore submits jobs that may not start for three seconds: they
+// are accepted at once, their record says when they start, and they start
+// after that instant, not before, with a queue_timeout counted from it.
+func TestNotBefore(t *testing.T) {
+	f := fleettest.Start(t)
+	f.Worker(t, processExec(t), worker.Config{Slots: 4})
+	ctx := context.Background()
+	at := time.Now().Add(3 * time.Second).Truncate(time.Millisecond)
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("not-before-%d", i), Command: []string{"true"},
+			NotBefore: &at, QueueTimeout: dur(2 * time.Second)}))
+	}
+	st, err := f.Client.Status(ctx, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := st.Job; rec.State != job.StateQueued || rec.NextAttemptAt == nil || !rec.NextAttemptAt.Equal(at) {
+		t.Errorf("status before not_before: state %s, next attempt %v, want queued until %s", rec.State, rec.NextAttemptAt, at)
+	}
+	past := time.Now().Add(-time.Hour)
+	now := f.Submit(t, &job.Request{ID: "not-before-past", Command: []string{"true"}, NotBefore: &past})
+	if r := f.Await(t, now, 10*time.Second); r.Status != job.StatusSucceeded || !r.StartedAt.Before(at) {
+		t.Errorf("a not_before in the past: %+v, want it run at once", r)
+	}
+	for _, id := range ids {
+		r := f.Await(t, id, 20*time.Second)
+		if r.Status != job.StatusSucceeded || r.Attempts != 1 {
+			t.Errorf("%s: %s after %d attempts (%+v), want succeeded after 1", id, r.Status, r.Attempts, r.Failure)
+			continue
+		}
+		if r.StartedAt == nil || r.StartedAt.Before(at) {
+			t.Errorf("%s started at %v, before its not_before %s", id, r.StartedAt, at)
+		}
+	}
+}

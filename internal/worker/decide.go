@@ -179,6 +179,15 @@ func (s *situation) needsOwner(self string) bool {
 	return s.outcome == nil && s.rec.State == job.StateRunning && s.rec.WorkerID != self
 }
 
+// queuedSince is when the job's queue_timeout starts counting: its
+// submission, or its not_before when that is later.
+func (s *situation) queuedSince() time.Time {
+	if nb := s.req.NotBefore; nb != nil && nb.After(s.submitted) {
+		return *nb
+	}
+	return s.submitted
+}
+
 // lostSoFar counts the attempts of the job lost to the fleet itself.
 func lostSoFar(h []job.Attempt) int {
 	n := 0
@@ -217,9 +226,15 @@ func decideDelivery(s *situation) action {
 	case req.Deadline != nil && !s.submitted.IsZero() && s.now.After(s.submitted.Add(req.Deadline.Std())):
 		return finish(n, n-1, job.StatusTimedOut,
 			job.Failf(job.ClassTimeout, job.CodeDeadline, "the job's deadline of %s passed before attempt %d", req.Deadline, n))
-	case req.QueueTimeout != nil && rec.StartedAt == nil && !s.submitted.IsZero() && s.now.After(s.submitted.Add(req.QueueTimeout.Std())):
+	case req.QueueTimeout != nil && rec.StartedAt == nil && !s.submitted.IsZero() && s.now.After(s.queuedSince().Add(req.QueueTimeout.Std())):
 		return finish(n, 0, job.StatusTimedOut,
 			job.Failf(job.ClassTimeout, job.CodeQueueTimeout, "queued longer than queue_timeout %s", req.QueueTimeout))
+	}
+
+	if rec.StartedAt == nil && req.NotBefore != nil && s.now.Before(*req.NotBefore) {
+		// Nothing is written: the job is queued until then.
+		return action{verb: doLater, attempt: n, delay: req.NotBefore.Sub(s.now),
+			why: "not before " + req.NotBefore.Format(time.RFC3339)}
 	}
 
 	var a action

@@ -90,6 +90,43 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "a job whose not_before is ahead is left until then, with nothing written",
+			s: situation{rec: queued(), req: request(func(r *job.Request) { nb := now.Add(90 * time.Second); r.NotBefore = &nb }),
+				submitted: sub},
+			want: action{verb: doLater, attempt: 1, delay: 90 * time.Second},
+		},
+		{
+			name: "a job whose not_before has passed runs",
+			s: situation{rec: queued(), req: request(func(r *job.Request) { nb := now.Add(-time.Second); r.NotBefore = &nb }),
+				submitted: sub},
+			want: action{verb: doRun, attempt: 1},
+		},
+		{
+			name: "queue_timeout counts from not_before when that is later than the submission",
+			s: situation{rec: queued(), req: request(func(r *job.Request) {
+				d, nb := job.Duration(40*time.Second), sub.Add(30*time.Second)
+				r.QueueTimeout, r.NotBefore = &d, &nb
+			}), submitted: sub},
+			want: action{verb: doRun, attempt: 1},
+		},
+		{
+			name: "queue_timeout after not_before times the job out",
+			s: situation{rec: queued(), req: request(func(r *job.Request) {
+				d, nb := job.Duration(20*time.Second), sub.Add(30*time.Second)
+				r.QueueTimeout, r.NotBefore = &d, &nb
+			}), submitted: sub},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			check: func(t *testing.T, a action) {
+				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout)
+			},
+		},
+		{
+			name: "a cancel of a job waiting for its not_before finishes it cancelled",
+			s: situation{rec: cancelled(queued()), req: request(func(r *job.Request) { nb := now.Add(time.Hour); r.NotBefore = &nb }),
+				submitted: sub},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+		},
+		{
 			name: "queue_timeout does not apply once the job has started",
 			s: situation{rec: &job.Record{ID: "j", State: job.StateRetrying, Attempt: 1, StartedAt: &started},
 				req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }), submitted: sub},
