@@ -157,4 +157,6 @@ type PoolCapacity struct {
 	MemoryBytes Amount `json:"memory_bytes"`
 	GPUs        GPUs   `json:"gpus"`
 	Running     int    `json:"running"`
+	// Paused is set while an operator has paused the pool.
+	Paused bool `json:"paused,omitempty"`
 }

@@ -35,6 +35,9 @@ func init() {
 				tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "POOL\tWORKERS\tSLOTS USED/TOTAL\tCPU RESERVED/TOTAL\tMEMORY RESERVED/TOTAL\tGPUS")
 				for _, p := range o.Pools {
+					if p.Paused {
+						p.Pool += " (paused)"
+					}
 					fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%s\t%s\t%d/%d\n", p.Pool, p.Workers, p.Slots.Used, p.Slots.Total,
 						amount(p.CPUMilli, job.FormatCPU), amount(p.MemoryBytes, job.FormatMemory), p.GPUs.Reserved, p.GPUs.Total)
 				}

@@ -50,6 +50,7 @@ block=$(sed -n '/^[[:space:]]*# BEGIN WORKER POOL default$/,/^[[:space:]]*# END 
 		-e "s/\\.jobs-default\"/.jobs-$pool\"/g" \
 		-e "s/fleet\\.jobs\\.default\"/fleet.jobs.$pool\"/g" \
 		-e "s/fleet\\.dlq\\.default\"/fleet.dlq.$pool\"/g" \
+		-e "s/\\\$KV\\.fleet-pools\\.default\"/\\\$KV.fleet-pools.$pool\"/g" \
 		-e "s/_INBOX\\.worker\\.default\\./_INBOX.worker.$pool./g")
 
 tmp=$conf.tmp.$$

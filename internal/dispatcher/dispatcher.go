@@ -110,6 +110,9 @@ type Dispatcher struct {
 	core    *nats.Subscription
 	direct  *nats.Subscription
 	cancels *nats.Subscription
+	poolReq *nats.Subscription
+	// poolStates is the pools bucket: what operators set about pools.
+	poolStates jetstream.KeyValue
 	intake  jetstream.MessagesContext
 	wg      sync.WaitGroup
 	sema    chan struct{}
@@ -163,6 +166,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.poolStates, err = queue.OpenBucket(ctx, d.js, d.names.PoolsBucket(), d.log); err != nil {
+		return err
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
 	p, err := d.startPeers(runCtx)
@@ -195,6 +201,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), queueGroup, d.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.AllCancels(), err)
+	}
+	d.poolReq, err = d.nc.QueueSubscribe(d.names.AllPools(), queueGroup, d.onPool)
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", d.names.AllPools(), err)
 	}
 	d.intake, err = cons.Messages(jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)))
 	if err != nil {
@@ -238,7 +248,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if d.intake != nil {
 		d.intake.Stop()
 	}
-	for _, s := range []*nats.Subscription{d.core, d.direct, d.cancels} {
+	for _, s := range []*nats.Subscription{d.core, d.direct, d.cancels, d.poolReq} {
 		if s != nil {
 			_ = s.Unsubscribe()
 		}

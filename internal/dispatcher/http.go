@@ -1,12 +1,15 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -41,6 +44,9 @@ func NewAPI(d *Dispatcher) *API {
 	a.mux.HandleFunc("POST /v1/jobs", a.submit)
 	a.mux.HandleFunc("GET /v1/jobs/{id}", a.status)
 	a.mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.cancel)
+	a.mux.HandleFunc("GET /v1/pools/{pool}", a.pool)
+	a.mux.HandleFunc("POST /v1/pools/{pool}/pause", a.pause)
+	a.mux.HandleFunc("POST /v1/pools/{pool}/resume", a.pause)
 	a.serveArtifacts()
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -79,7 +85,17 @@ func (a *API) ServeCapacity(caps *capacity.Store) {
 		}
 	}
 	a.mux.Handle("GET /v1/capacity", serve(func(hbs []*job.Heartbeat) any {
-		return monitor.Overview{Pools: monitor.Summarize(hbs), Workers: hbs}
+		pools := monitor.Summarize(hbs)
+		for i := range pools {
+			// Best effort: a pool whose state cannot be read shows as
+			// running, as it would to its workers.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if s, err := queue.ReadPool(ctx, a.d.poolStates, pools[i].Pool); err == nil {
+				pools[i].Paused = s.Paused
+			}
+			cancel()
+		}
+		return monitor.Overview{Pools: pools, Workers: hbs}
 	}))
 	a.mux.Handle("GET /v1/workers", serve(func(hbs []*job.Heartbeat) any { return hbs }))
 }
@@ -137,9 +153,41 @@ func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, c)
 }
 
+func (a *API) pool(w http.ResponseWriter, r *http.Request) {
+	s, err := a.d.Pool(r.Context(), r.PathValue("pool"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
+// pause pauses or resumes a pool, as the path says; the body, when there
+// is one, is a job.PoolChange.
+func (a *API) pause(w http.ResponseWriter, r *http.Request) {
+	var change job.PoolChange
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&change); err != nil {
+			writeJSON(w, http.StatusBadRequest, &job.ErrorReply{Error: "the body is not a JSON object with a reason: " + err.Error()})
+			return
+		}
+	}
+	paused := strings.HasSuffix(r.URL.Path, "/pause")
+	s, err := a.d.SetPaused(r.Context(), r.PathValue("pool"), paused, &change)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
 func (a *API) fail(w http.ResponseWriter, err error) {
 	if errors.Is(err, queue.ErrNotFound) {
 		writeJSON(w, http.StatusNotFound, &job.ErrorReply{Error: err.Error(), NotFound: true})
+		return
+	}
+	if isInvalid(err) {
+		writeJSON(w, http.StatusBadRequest, &job.ErrorReply{Error: err.Error()})
 		return
 	}
 	a.d.log.Warn("request failed", "err", err)

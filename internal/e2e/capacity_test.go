@@ -269,6 +269,40 @@ func TestCapacityRoutesAnswerFromTheHeartbeats(t *testing.T) {
 		o.Pools[0].Slots.Total != 3 || o.Pools[0].Workers != 1 {
 		t.Errorf("GET /v1/capacity?pool=default: %d %+v, want one pool of one worker and 3 slots", code, o)
 	}
+	if o.Pools[0].Paused {
+		t.Errorf("pool default shows paused before anyone paused it")
+	}
+
+	// Pools paused through the API say so in the overview.
+	post := func(path string) int {
+		t.Helper()
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(`{"reason":"drain the hosts"}`))
+		if err != nil {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("/v1/pools/default/pause"); code != http.StatusOK {
+		t.Fatalf("POST /v1/pools/default/pause: %d", code)
+	}
+	var ps job.PoolState
+	if code := get("/v1/pools/default", &ps); code != http.StatusOK || !ps.Paused || ps.Reason != "drain the hosts" {
+		t.Errorf("GET /v1/pools/default after a pause: %d %+v", code, ps)
+	}
+	if get("/v1/capacity?pool=default", &o); len(o.Pools) != 1 || !o.Pools[0].Paused {
+		t.Errorf("GET /v1/capacity?pool=default of a paused pool: %+v", o.Pools)
+	}
+	if code := post("/v1/pools/default/resume"); code != http.StatusOK {
+		t.Fatalf("POST /v1/pools/default/resume: %d", code)
+	}
+	o = monitor.Overview{}
+	if get("/v1/capacity?pool=default", &o); len(o.Pools) != 1 || o.Pools[0].Paused {
+		t.Errorf("GET /v1/capacity?pool=default of a resumed pool: %+v", o.Pools)
+	}
+	if code := post("/v1/pools/bad%20name/pause"); code != http.StatusBadRequest {
+		t.Errorf("POST /v1/pools/bad name/pause: %d, want 400", code)
+	}
 
 	rs.Stop()
 	var e map[string]string

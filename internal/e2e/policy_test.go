@@ -329,3 +329,70 @@ func TestNotBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestPausedPoolStartsNothing pauses a pool: for ten seconds, while jobs
+// arrive, none starts and the running one goes on; on resume they all
+// run, none lost, and only the job whose own queue_timeout passed during
+// the pause times out.
+func TestPausedPoolStartsNothing(t *testing.T) {
+	f := fleettest.Start(t)
+	f.Worker(t, processExec(t), worker.Config{Pool: "paused", Slots: 4, PausePoll: 200 * time.Millisecond})
+	ctx := context.Background()
+
+	running := f.Submit(t, &job.Request{ID: "pause-running", Pool: "paused", Command: []string{"sleep", "2"}})
+	waitEvent(t, f, running, job.EventStarted)
+	s, err := f.Client.PausePool(ctx, "paused", "maintenance of the GPU nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Paused || s.Since == nil || s.Reason != "maintenance of the GPU nodes" {
+		t.Fatalf("pause answered %+v", s)
+	}
+	if s, err := f.Client.Pool(ctx, "paused"); err != nil || !s.Paused {
+		t.Fatalf("pool show: %+v, %v", s, err)
+	}
+	time.Sleep(time.Second) // the worker reads it within 200 ms
+
+	pausedAt := time.Now()
+	var ids []string
+	for i := range 6 {
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("pause-%d", i), Pool: "paused", Command: []string{"true"}}))
+		time.Sleep(500 * time.Millisecond)
+	}
+	short := f.Submit(t, &job.Request{ID: "pause-short-queue-timeout", Pool: "paused", Command: []string{"true"},
+		QueueTimeout: dur(2 * time.Second)})
+	if r := f.Await(t, running, 10*time.Second); r.Status != job.StatusSucceeded {
+		t.Errorf("the attempt running when the pool was paused: %+v", r)
+	}
+	for time.Since(pausedAt) < 10*time.Second {
+		for _, id := range ids {
+			st, err := f.Client.Status(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Job.State != job.StateQueued {
+				t.Fatalf("%s is %s while its pool is paused", id, st.Job.State)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	if s, err := f.Client.ResumePool(ctx, "paused"); err != nil || s.Paused || s.Since != nil {
+		t.Fatalf("resume: %+v, %v", s, err)
+	}
+	for _, id := range ids {
+		if r := f.Await(t, id, 20*time.Second); r.Status != job.StatusSucceeded || r.Attempts != 1 {
+			t.Errorf("%s after the resume: %s, %d attempts (%+v)", id, r.Status, r.Attempts, r.Failure)
+		}
+	}
+	if r := f.Await(t, short, 20*time.Second); r.Status != job.StatusTimedOut || r.Failure.Code != job.CodeQueueTimeout {
+		t.Errorf("a job whose queue_timeout passed during the pause: %s %+v", r.Status, r.Failure)
+	}
+
+	if _, err := f.Client.PausePool(ctx, "paused", "line\nbreak"); err == nil {
+		t.Error("a reason with a control character was accepted")
+	}
+	if _, err := f.Client.Pool(ctx, "not a pool"); err == nil {
+		t.Error("an invalid pool name was accepted")
+	}
+}

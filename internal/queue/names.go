@@ -70,6 +70,16 @@ func (n Names) DLQ(pool string) string     { return n.prefix() + ".dlq." + pool 
 func (n Names) AllDLQ() string             { return n.prefix() + ".dlq.>" }
 func (n Names) KVSubject(id string) string { return "$KV." + n.Bucket() + "." + id }
 
+// Pool is the subject of a request about a pool: verb is pause, resume or
+// show.
+func (n Names) Pool(pool, verb string) string { return n.prefix() + ".pools." + pool + "." + verb }
+
+// AllPools matches every request about a pool.
+func (n Names) AllPools() string { return n.prefix() + ".pools.>" }
+
+// PoolsBucket holds each pool's PoolState, by pool.
+func (n Names) PoolsBucket() string { return n.prefix() + "-pools" }
+
 // Dispatchers is where dispatchers tell each other they run.
 func (n Names) Dispatchers() string { return n.prefix() + ".dispatchers" }
 

@@ -177,7 +177,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 			return nil
 		})
 	}
-	for _, kv := range []jetstream.KeyValueConfig{c.KeyValue(), c.IntakeKeyValue()} {
+	for _, kv := range []jetstream.KeyValueConfig{c.KeyValue(), c.IntakeKeyValue(), c.PoolsKeyValue()} {
 		run(func() error {
 			if err := retry(ctx, js, log, "bucket "+kv.Bucket, func(ctx context.Context) error {
 				_, err := js.CreateOrUpdateKeyValue(ctx, kv)
@@ -215,6 +215,19 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, bucket string, log 
 		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}
 	return kv, nil
+}
+
+// PoolsKeyValue returns the configuration of the pools bucket: what
+// operators set about each pool (paused or not), kept until changed.
+func (c Config) PoolsKeyValue() jetstream.KeyValueConfig {
+	c = c.WithDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:      c.PoolsBucket(),
+		Description: "What operators set about each pool, by pool",
+		History:     5,
+		Storage:     c.storage(),
+		Replicas:    c.Replicas,
+	}
 }
 
 // IntakeKeyValue returns the configuration of the dispatchers' claims

@@ -113,7 +113,7 @@ func TestRolesAreConfined(t *testing.T) {
 			before[st] = msgs(st)
 		}
 		for _, subj := range []string{"fleet.jobs.default", "fleet.jobs.other", "fleet.results.j1", "fleet.events.j1",
-			"fleet.dlq.default", "$KV.fleet-jobs.j1"} {
+			"fleet.dlq.default", "$KV.fleet-jobs.j1", "fleet.pools.default.pause", "fleet.pools.default.resume", "$KV.fleet-pools.default"} {
 			if err := prod.Publish(subj, []byte(`{}`)); err != nil {
 				t.Fatal(err)
 			}

@@ -455,6 +455,29 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 	})
 
+	t.Run("waits while its pool is paused", func(t *testing.T) {
+		// The dispatcher writes the pool's entry (an operator asked it to),
+		// a producer reads it, the worker reads it and starts nothing.
+		if _, err := f.d.SetPaused(ctx, "default", true, &job.PoolChange{Reason: "security test"}); err != nil {
+			t.Fatalf("pause: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		if s, err := f.client.Pool(ctx, "default"); err != nil || !s.Paused {
+			t.Fatalf("pool show: %+v, %v (violations: %q)", s, err, f.srv.log.violations())
+		}
+		time.Sleep(1500 * time.Millisecond) // the worker reads it every second
+		id := f.submit(t, &job.Request{Command: []string{"ok"}})
+		time.Sleep(2 * time.Second)
+		if st, err := f.client.Status(ctx, id); err != nil || st.Job.State != job.StateQueued {
+			t.Fatalf("a job of the paused pool: %+v, %v", st, err)
+		}
+		if _, err := f.d.SetPaused(ctx, "default", false, &job.PoolChange{}); err != nil {
+			t.Fatal(err)
+		}
+		if r := f.result(t, id); r.Status != job.StatusSucceeded {
+			t.Fatalf("result after the resume: %+v", r)
+		}
+	})
+
 	t.Run("restarted processes find what exists", func(t *testing.T) {
 		// A second dispatcher updates the streams, bucket and consumer the
 		// first one created; a second worker updates its pool's consumer.

@@ -172,7 +172,7 @@ func (a *attempt) handle() error {
 // situation gathers what the worker knows now, for decide.
 func (a *attempt) situation() *situation {
 	return &situation{rec: a.rec, req: a.req, submitted: a.sub, now: time.Now(),
-		draining: a.w.Draining(), retryDelay: a.w.cfg.Retry, recheck: a.w.cfg.Queue.AckWait, adoptWait: a.w.cfg.AdoptWait}
+		draining: a.w.Draining(), paused: a.w.pause.paused(), retryDelay: a.w.cfg.Retry, recheck: a.w.cfg.Queue.AckWait, adoptWait: a.w.cfg.AdoptWait}
 }
 
 // decide completes s with what it needs from outside (the stored result,

@@ -151,6 +151,8 @@ type situation struct {
 	// elsewhere says why another worker of the pool would start the job
 	// sooner: it has the image this one would pull.
 	elsewhere string
+	// paused is set while the worker's pool is paused.
+	paused bool
 	// retryDelay computes backoff delays.
 	retryDelay RetryDelayFunc
 }
@@ -296,6 +298,10 @@ func decideDelivery(s *situation) action {
 		return action{verb: doLater, attempt: n, delay: misfitDelay, why: s.misfit.Error()}
 	case s.elsewhere != "":
 		return action{verb: doLater, attempt: n, delay: preferDelay, why: s.elsewhere}
+	case s.paused:
+		// Nothing is written: the worker that starts it after the resume
+		// records what was lost.
+		return action{verb: doLater, attempt: n, delay: pausedRecheck, why: "the pool is paused"}
 	}
 	a.verb, a.attempt = doRun, n
 	return a

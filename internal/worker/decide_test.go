@@ -96,6 +96,16 @@ func TestDecide(t *testing.T) {
 			want: action{verb: doLater, attempt: 1, delay: 90 * time.Second},
 		},
 		{
+			name: "a delivery while the pool is paused is left, with nothing written",
+			s:    situation{rec: queued(), req: request(nil), submitted: sub, paused: true},
+			want: action{verb: doLater, attempt: 1, delay: pausedRecheck},
+		},
+		{
+			name: "a cancel of a job of a paused pool still finishes it",
+			s:    situation{rec: cancelled(queued()), req: request(nil), submitted: sub, paused: true},
+			want: action{verb: doFinish, attempt: 1, attempts: 0},
+		},
+		{
 			name: "a job whose not_before has passed runs",
 			s: situation{rec: queued(), req: request(func(r *job.Request) { nb := now.Add(-time.Second); r.NotBefore = &nb }),
 				submitted: sub},

@@ -33,6 +33,9 @@ import (
 // Defaults of Config, and of the worker's flags.
 const (
 	DefaultFetchWait    = time.Second
+	// DefaultPausePoll is how often a worker reads whether its pool is
+	// paused.
+	DefaultPausePoll = time.Second
 	DefaultMaxLogEvents = 1000
 	// DefaultDrainTimeout is how long a stopping worker lets running
 	// attempts finish before it hands their jobs back.
@@ -59,6 +62,9 @@ type Config struct {
 	// how long a stopping worker waits for its open requests.
 	// Defaults to DefaultFetchWait (2 seconds).
 	FetchWait time.Duration
+	// PausePoll is how often the worker reads whether its pool is paused.
+	// Defaults to DefaultPausePoll.
+	PausePoll time.Duration
 	// Progress is how often a running attempt tells JetStream it is alive
 	// and publishes a heartbeat event. Defaults to a third of the ack wait.
 	Progress time.Duration
@@ -171,6 +177,9 @@ func (c Config) WithDefaults() Config {
 	if c.FetchWait <= 0 {
 		c.FetchWait = DefaultFetchWait
 	}
+	if c.PausePoll <= 0 {
+		c.PausePoll = DefaultPausePoll
+	}
 	if c.Progress <= 0 {
 		c.Progress = c.Queue.AckWait / 3
 	}
@@ -247,6 +256,9 @@ type Worker struct {
 	mu         sync.Mutex
 	running    map[string]*attempt
 	draining   atomic.Bool
+	// pause is whether the pool is paused, as last read.
+	pause pauseState
+	pools jetstream.KeyValue // the pools bucket, once opened (by watchPause only)
 }
 
 // New returns a Worker; Start starts it.
@@ -298,6 +310,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.settling, w.giveUp = context.WithCancel(context.WithoutCancel(ctx))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
+	w.readPause(ctx)
+	w.background.Add(1)
+	go w.watchPause(w.pullCtx)
 	w.pulling.Add(1)
 	go w.pull()
 	if k, ok := w.exec.(executor.DataKeeper); ok {
@@ -391,6 +406,9 @@ func (w *Worker) pull() {
 	// only keep the server busy with requests that wait and expire.
 	fetches := make(chan struct{}, 2)
 	for {
+		if !w.pause.waitResumed(w.pullCtx) {
+			return
+		}
 		select {
 		case fetches <- struct{}{}:
 		case <-w.pullCtx.Done():
@@ -560,11 +578,17 @@ func newMetrics(m metric.Meter, w *Worker) metrics {
 	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
 	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
 	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))
+	paused, _ := m.Int64ObservableGauge("fleet.worker.pool.paused", metric.WithDescription("1 while the worker's pool is paused, as the worker last read it"))
 	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
 		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
+		p := int64(0)
+		if w.pause.paused() {
+			p = 1
+		}
+		o.ObserveInt64(paused, p, x.poolAttrs)
 		return nil
-	}, slotsGauge)
+	}, slotsGauge, paused)
 	return x
 }
 
