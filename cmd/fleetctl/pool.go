@@ -17,7 +17,9 @@ func init() {
 			"  pool pause POOL    its workers start no attempt until it is resumed; jobs\n" +
 			"                     submitted meanwhile wait, running attempts go on\n" +
 			"  pool resume POOL   its waiting jobs start as slots allow",
-		flags: func(fs *flag.FlagSet) { fs.StringVar(&reason, "reason", "", "why the pool is paused (shown by pool show)") },
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&reason, "reason", "", "why the pool is paused (shown by pool show)")
+		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			if len(args) != 2 {
 				return exit(exitUsage, "pool needs show, pause or resume, and a pool")

@@ -113,11 +113,11 @@ type Dispatcher struct {
 	poolReq *nats.Subscription
 	// poolStates is the pools bucket: what operators set about pools.
 	poolStates jetstream.KeyValue
-	intake  jetstream.MessagesContext
-	wg      sync.WaitGroup
-	sema    chan struct{}
-	ready   chan struct{}
-	stop    context.CancelFunc
+	intake     jetstream.MessagesContext
+	wg         sync.WaitGroup
+	sema       chan struct{}
+	ready      chan struct{}
+	stop       context.CancelFunc
 }
 
 // New returns a Dispatcher; Start starts it.

@@ -32,10 +32,10 @@ import (
 
 // Defaults of Config, and of the worker's flags.
 const (
-	DefaultFetchWait    = time.Second
+	DefaultFetchWait = time.Second
 	// DefaultPausePoll is how often a worker reads whether its pool is
 	// paused.
-	DefaultPausePoll = time.Second
+	DefaultPausePoll    = time.Second
 	DefaultMaxLogEvents = 1000
 	// DefaultDrainTimeout is how long a stopping worker lets running
 	// attempts finish before it hands their jobs back.
