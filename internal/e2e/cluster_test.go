@@ -612,3 +612,84 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 	t.Logf("every pool led by %s", c.Name(0))
 	spread(time.Minute)
 }
+
+// TestPauseOnACluster pauses a pool of a fleet on a three-node cluster (two
+// dispatchers, worker processes) and SIGKILLs the server leading the pools
+// bucket while the pool is paused: the pause holds through the election,
+// the pool's jobs wait while another pool's run, and after the resume (and
+// the server's restart) they all run once. A job with not_before starts
+// after it there too.
+func TestPauseOnACluster(t *testing.T) {
+	fleettest.Binary(t, "worker")
+	c := natstest.RunCluster(t, 3)
+	c.WaitReady(t, 30*time.Second)
+	env := []string{"FLEET_NATS_URL=" + c.URLs(), "FLEET_REDIS_URL=", "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_HTTP_ADDR=127.0.0.1:0"}
+	for range 2 {
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3").WaitOutput(t, "dispatcher ready", 30*time.Second)
+	}
+	for _, p := range []string{"held", "free"} {
+		for i := range 2 {
+			fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w-%s-%d", p, i), "--pool", p, "--slots", "2").
+				WaitOutput(t, "worker started", 30*time.Second)
+		}
+	}
+	nc := c.Connect(t)
+	cl, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := cl.PausePool(ctx, "held", "cluster test"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the workers read it every second
+
+	leader := c.WaitStreamLeader(t, "KV_fleet-pools", 30*time.Second)
+	c.Kill(leader)
+	var held, free []string
+	for i := range 4 {
+		r := clusterJob(fmt.Sprintf("held-%d", i), "0")
+		r.Pool = "held"
+		s, err := cl.Submit(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s.JobID)
+		r = clusterJob(fmt.Sprintf("free-%d", i), "0")
+		r.Pool = "free"
+		if s, err = cl.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		free = append(free, s.JobID)
+	}
+	awaitJobs(t, cl, free, time.Minute)
+	time.Sleep(3 * time.Second)
+	for _, id := range held {
+		st, err := cl.Status(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Job.State != job.StateQueued {
+			t.Fatalf("%s is %s while its pool is paused (the pools bucket's leader was killed)", id, st.Job.State)
+		}
+	}
+	c.Restart(leader)
+	if s, err := cl.ResumePool(ctx, "held"); err != nil || s.Paused {
+		t.Fatalf("resume: %+v, %v", s, err)
+	}
+	at := time.Now().Add(3 * time.Second)
+	r := clusterJob("held-later", "0")
+	r.Pool, r.NotBefore = "held", &at
+	if _, err := cl.Submit(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	awaitJobs(t, cl, append(held, "held-later"), time.Minute)
+	res, err := cl.Result(ctx, "held-later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StartedAt == nil || res.StartedAt.Before(at) {
+		t.Errorf("the not_before job started at %v, before %s", res.StartedAt, at)
+	}
+}
