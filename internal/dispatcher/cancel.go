@@ -109,25 +109,30 @@ func (d *Dispatcher) onCancel(m *nats.Msg) {
 	if m.Header.Get(queue.HeaderCancelNotice) != "" {
 		return
 	}
+	d.answer(m, func(ctx context.Context) ([]byte, error) {
+		r, err := d.Cancel(ctx, d.names.JobID(m.Subject))
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			return json.Marshal(&job.ErrorReply{Error: err.Error(), NotFound: true})
+		case err != nil:
+			d.log.Warn("cancel failed", "subject", m.Subject, "err", err)
+			return json.Marshal(&job.ErrorReply{Error: "cancel failed; try again"})
+		}
+		return json.Marshal(r)
+	})
+}
+
+// answer carries out a request off the connection's goroutine, within ten
+// seconds, and sends the answer when the request has a reply subject.
+func (d *Dispatcher) answer(m *nats.Msg, do func(context.Context) ([]byte, error)) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		r, err := d.Cancel(ctx, d.names.JobID(m.Subject))
-		if m.Reply == "" {
-			return
+		data, err := do(ctx)
+		if m.Reply != "" && err == nil {
+			_ = m.Respond(data)
 		}
-		var data []byte
-		switch {
-		case errors.Is(err, queue.ErrNotFound):
-			data, _ = json.Marshal(&job.ErrorReply{Error: err.Error(), NotFound: true})
-		case err != nil:
-			d.log.Warn("cancel failed", "subject", m.Subject, "err", err)
-			data, _ = json.Marshal(&job.ErrorReply{Error: "cancel failed; try again"})
-		default:
-			data, _ = json.Marshal(r)
-		}
-		_ = m.Respond(data)
 	}()
 }

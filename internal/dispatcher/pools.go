@@ -61,24 +61,17 @@ func (d *Dispatcher) onPool(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
+	d.answer(m, func(ctx context.Context) ([]byte, error) {
 		s, err := d.poolRequest(ctx, m)
-		var data []byte
 		switch {
-		case err == nil:
-			data, _ = json.Marshal(s)
 		case isInvalid(err):
-			data, _ = json.Marshal(&job.ErrorReply{Error: err.Error()})
-		default:
+			return json.Marshal(&job.ErrorReply{Error: err.Error()})
+		case err != nil:
 			d.log.Warn("pool request failed", "subject", m.Subject, "err", err)
-			data, _ = json.Marshal(&job.ErrorReply{Error: "the fleet cannot answer now; try again"})
+			return json.Marshal(&job.ErrorReply{Error: "the fleet cannot answer now; try again"})
 		}
-		_ = m.Respond(data)
-	}()
+		return json.Marshal(s)
+	})
 }
 
 func (d *Dispatcher) poolRequest(ctx context.Context, m *nats.Msg) (*job.PoolState, error) {

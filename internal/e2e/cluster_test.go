@@ -508,11 +508,11 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, storm 
 	return r
 }
 
-// TestEachPoolHasItsOwnStream gives three pools jobs on a three-node
-// cluster: each pool's jobs are in a stream of their own, replicated on the
-// three servers, and the dispatchers spread their leaders over the servers,
-// also after every leader was moved to one.
-func TestEachPoolHasItsOwnStream(t *testing.T) {
+// clusterWithDispatchers starts a three-node cluster and two dispatcher
+// processes with streams of three replicas, and returns the cluster and the
+// environment for the fleet's processes (no Redis).
+func clusterWithDispatchers(t *testing.T) (*natstest.Cluster, []string) {
+	t.Helper()
 	fleettest.Binary(t, "worker")
 	c := natstest.RunCluster(t, 3)
 	c.WaitReady(t, 30*time.Second)
@@ -520,6 +520,15 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 	for range 2 {
 		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3").WaitOutput(t, "dispatcher ready", 30*time.Second)
 	}
+	return c, env
+}
+
+// TestEachPoolHasItsOwnStream gives three pools jobs on a three-node
+// cluster: each pool's jobs are in a stream of their own, replicated on the
+// three servers, and the dispatchers spread their leaders over the servers,
+// also after every leader was moved to one.
+func TestEachPoolHasItsOwnStream(t *testing.T) {
+	c, env := clusterWithDispatchers(t)
 	pools := []string{"red", "green", "blue"}
 	for _, p := range pools {
 		fleettest.StartProc(t, "worker", env, "--id", "w-"+p, "--pool", p, "--slots", "2").WaitOutput(t, "worker started", 30*time.Second)
@@ -620,13 +629,7 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 // the server's restart) they all run once. A job with not_before starts
 // after it there too.
 func TestPauseOnACluster(t *testing.T) {
-	fleettest.Binary(t, "worker")
-	c := natstest.RunCluster(t, 3)
-	c.WaitReady(t, 30*time.Second)
-	env := []string{"FLEET_NATS_URL=" + c.URLs(), "FLEET_REDIS_URL=", "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_HTTP_ADDR=127.0.0.1:0"}
-	for range 2 {
-		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3").WaitOutput(t, "dispatcher ready", 30*time.Second)
-	}
+	c, env := clusterWithDispatchers(t)
 	for _, p := range []string{"held", "free"} {
 		for i := range 2 {
 			fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w-%s-%d", p, i), "--pool", p, "--slots", "2").
