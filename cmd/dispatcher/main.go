@@ -30,6 +30,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/console"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/embedded"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/version"
@@ -148,7 +149,7 @@ func run(args []string) error {
 	// reverse order: the API and the reaper before the dispatcher they
 	// use, the dispatcher before the admission view it asks and before
 	// the connections go.
-	var running []service
+	var running lifecycle.Group
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -160,19 +161,10 @@ func run(args []string) error {
 			case <-sctx.Done():
 			}
 		}()
-		for i := len(running) - 1; i >= 0; i-- {
-			if err := running[i].Stop(sctx); err != nil {
-				log.Warn("stop", "err", err)
-			}
+		if err := running.Stop(sctx); err != nil {
+			log.Warn("stopping", "err", err)
 		}
 	}()
-	start := func(s service) error {
-		if err := s.Start(ctx); err != nil {
-			return err
-		}
-		running = append(running, s)
-		return nil
-	}
 
 	var caps *capacity.Store
 	var admission *monitor.Admission
@@ -184,11 +176,11 @@ func run(args []string) error {
 		if caps, err = f.redis.Open(f.prefix); err != nil {
 			return err
 		}
-		running = append(running, closer(caps.Close))
+		_ = running.Start(ctx, "the Redis connection", lifecycle.Closer(caps.Close))
 		if admission, err = monitor.NewAdmission(caps, f.admission, log); err != nil {
 			return err
 		}
-		if err := start(admission); err != nil {
+		if err := running.Start(ctx, "admission", admission); err != nil {
 			return err
 		}
 	}
@@ -201,7 +193,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	running = append(running, closer(nc.Drain))
+	_ = running.Start(ctx, "the NATS connection", lifecycle.Closer(nc.Drain))
 
 	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
@@ -218,7 +210,7 @@ func run(args []string) error {
 	}
 	// Start waits for as long as NATS needs (a cluster electing its leaders,
 	// a node restarting), logging why; a signal ends the wait.
-	if err := start(d); err != nil {
+	if err := running.Start(ctx, "the dispatcher", d); err != nil {
 		if ctx.Err() != nil {
 			log.Info("stopped while starting", "err", err)
 			return nil
@@ -250,7 +242,7 @@ func run(args []string) error {
 		if cons, err = console.New(ccfg); err != nil {
 			return err
 		}
-		if err := start(cons); err != nil {
+		if err := running.Start(ctx, "the console", cons); err != nil {
 			return err
 		}
 		api.Handle("/ui/", cons)
@@ -260,7 +252,7 @@ func run(args []string) error {
 		api.ServeCapacity(caps)
 		reaper := monitor.NewReaper(caps, monitor.ReaperConfig{Interval: f.heartbeat, Announce: d.Announce,
 			Requeue: d.Requeue, Logger: log})
-		if err := start(reaper); err != nil {
+		if err := running.Start(ctx, "the reaper", reaper); err != nil {
 			return err
 		}
 	}
@@ -273,7 +265,7 @@ func run(args []string) error {
 	if cons != nil {
 		srv.RegisterOnShutdown(cons.EndStreams) // open console pages would hold the shutdown
 	}
-	if err := start(srv); err != nil {
+	if err := running.Start(ctx, "the HTTP API", srv); err != nil {
 		return err
 	}
 	log.Info("dispatcher ready", "http", srv.ln.Addr().String(), "nats", nc.ConnectedUrlRedacted(), "version", version.Version)
@@ -286,18 +278,6 @@ func run(args []string) error {
 		return err
 	}
 }
-
-// service is what the dispatcher runs in the background.
-type service interface {
-	Start(context.Context) error
-	Stop(context.Context) error
-}
-
-// closer is a connection to close in its turn.
-type closer func() error
-
-func (c closer) Start(context.Context) error { return nil }
-func (c closer) Stop(context.Context) error  { return c() }
 
 // server serves the HTTP API.
 type server struct {

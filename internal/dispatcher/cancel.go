@@ -125,9 +125,9 @@ func (d *Dispatcher) onCancel(m *nats.Msg) {
 // answer carries out a request off the connection's goroutine, within ten
 // seconds, and sends the answer when the request has a reply subject.
 func (d *Dispatcher) answer(m *nats.Msg, do func(context.Context) ([]byte, error)) {
-	d.wg.Add(1)
+	d.inFlight.Add(1)
 	go func() {
-		defer d.wg.Done()
+		defer d.inFlight.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		data, err := do(ctx)

@@ -18,12 +18,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
-	"github.com/fleet-dev/fleet/internal/loop"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -105,19 +106,21 @@ type Dispatcher struct {
 	replies *replies
 	pools   sync.Map // pool → the stream of its jobs, once ensured
 	peers   *peers
-	leaders loop.Every // the balancer of streams' leaders
 	lag     *lag
-	core    *nats.Subscription
-	direct  *nats.Subscription
-	cancels *nats.Subscription
-	poolReq *nats.Subscription
+	// background holds the dispatcher's loops, stopped in reverse.
+	background lifecycle.Group
+	core       *nats.Subscription
+	direct     *nats.Subscription
+	cancels    *nats.Subscription
+	poolReq    *nats.Subscription
 	// poolStates is the pools bucket: what operators set about pools.
 	poolStates jetstream.KeyValue
 	intake     jetstream.MessagesContext
-	wg         sync.WaitGroup
-	sema       chan struct{}
-	ready      chan struct{}
-	stop       context.CancelFunc
+	// inFlight counts the submissions and requests being processed, which
+	// Stop waits for.
+	inFlight sync.WaitGroup
+	sema     chan struct{}
+	ready    chan struct{}
 }
 
 // New returns a Dispatcher; Start starts it.
@@ -169,13 +172,14 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.poolStates, err = queue.OpenBucket(ctx, d.js, d.names.PoolsBucket(), d.log); err != nil {
 		return err
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.stop = cancel
-	p, err := d.startPeers(runCtx)
+	p, pinging, err := d.startPeers()
 	if err != nil {
 		return fmt.Errorf("announce the dispatcher: %w", err)
 	}
 	d.peers = p
+	if err := d.background.Start(ctx, "announcing the dispatcher", pinging); err != nil {
+		return err
+	}
 	d.replies.peers, d.replies.claim = p.any, claimer(intake)
 	// Every dispatcher sees the core copy of every request sent with a reply
 	// subject; the one that processes its stream copy answers it.
@@ -210,19 +214,34 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", d.names.SubmitStream(), err)
 	}
-	d.wg.Add(4)
-	go d.consume(runCtx)
-	go d.serveDirect(runCtx, directs)
-	go func() { defer d.wg.Done(); d.replies.sweep(runCtx) }()
-	go func() { defer d.wg.Done(); d.watchLag(runCtx, 5*time.Second) }()
+	unregister := d.lagGauges()
+	lagLoop := lifecycle.NewEvery(lagEvery, d.refreshLag)
+	type service struct {
+		name string
+		svc  lifecycle.Service
+	}
+	services := []service{
+		{"the submit stream's intake", &goService{run: d.consume}},
+		{"the direct submissions", &goService{run: func(ctx context.Context) error { return d.serveDirect(ctx, directs) }}},
+		{"the sweep of unanswered requests", lifecycle.NewEvery(time.Second, d.replies.sweep)},
+		{"the pools' lag", lifecycle.Func{StartFunc: lagLoop.Start, StopFunc: func(ctx context.Context) error {
+			defer unregister()
+			return lagLoop.Stop(ctx)
+		}}},
+	}
 	if d.cfg.Queue.Replicas > 1 {
-		_ = d.leaders.Start(runCtx, balanceEvery, func(ctx context.Context) {
+		services = append(services, service{"the balancer of streams' leaders", lifecycle.NewEvery(balanceEvery, func(ctx context.Context) {
 			ctx, cancel := context.WithTimeout(ctx, balanceEvery)
 			defer cancel()
 			if _, err := d.balance(ctx); err != nil {
 				d.log.Debug("balancing the streams' leaders", "err", err)
 			}
-		})
+		})})
+	}
+	for _, s := range services {
+		if err := d.background.Start(ctx, s.name, s.svc); err != nil {
+			return err
+		}
 	}
 	close(d.ready)
 	d.log.Info("dispatcher started", "submit", d.names.Submit())
@@ -253,19 +272,24 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}
-	if d.stop != nil {
-		d.stop()
-	}
-	_ = d.leaders.Stop(ctx)
+	err := d.background.Stop(ctx)
 	done := make(chan struct{})
-	go func() { d.wg.Wait(); close(done) }()
+	go func() { d.inFlight.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
+		return err
 	case <-ctx.Done():
-		return fmt.Errorf("stop dispatcher: %w", ctx.Err())
+		return errors.Join(err, fmt.Errorf("stop dispatcher: %w", ctx.Err()))
 	}
 }
+
+// goService runs a function in the background until Stop.
+type goService struct {
+	lifecycle.Runner
+	run func(context.Context) error
+}
+
+func (g *goService) Start(ctx context.Context) error { return g.Go(ctx, g.run) }
 
 // JetStream returns the dispatcher's JetStream context, for the console.
 func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
@@ -273,26 +297,37 @@ func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
 // Store returns the job-state store, for the HTTP API and the reaper.
 func (d *Dispatcher) Store() *queue.Store { return d.store }
 
-// consume processes the submit stream, many submissions at once.
-func (d *Dispatcher) consume(ctx context.Context) {
-	defer d.wg.Done()
+// consume processes the submit stream, many submissions at once, until
+// ctx ends. A read that fails is tried again after a backoff.
+func (d *Dispatcher) consume(ctx context.Context) error {
+	wait := lifecycle.Backoff(ctx, 50*time.Millisecond, 5*time.Second)
 	for {
 		msg, err := d.intake.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				return
+				return nil
 			}
-			d.log.Warn("reading submissions", "err", err)
+			next := wait.NextBackOff()
+			if next == backoff.Stop {
+				return nil
+			}
+			d.log.Warn("reading submissions", "err", err, "again_in", next.Round(time.Millisecond))
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(next):
+			}
 			continue
 		}
+		wait.Reset()
 		select {
 		case d.sema <- struct{}{}:
 		case <-ctx.Done():
-			return
+			return nil
 		}
-		d.wg.Add(1)
+		d.inFlight.Add(1)
 		go func() {
-			defer d.wg.Done()
+			defer d.inFlight.Done()
 			defer func() { <-d.sema }()
 			d.intakeOne(ctx, msg)
 		}()
@@ -308,24 +343,24 @@ const queueGroup = "fleet-dispatcher"
 // again.
 const directBuffer = 16384
 
-// serveDirect answers the submissions of the direct subject, many at once.
-func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) {
-	defer d.wg.Done()
+// serveDirect answers the submissions of the direct subject, many at once,
+// until ctx ends.
+func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) error {
 	for {
 		var m *nats.Msg
 		select {
 		case m = <-msgs:
 		case <-ctx.Done():
-			return
+			return nil
 		}
 		select {
 		case d.sema <- struct{}{}:
 		case <-ctx.Done():
-			return
+			return nil
 		}
-		d.wg.Add(1)
+		d.inFlight.Add(1)
 		go func() {
-			defer d.wg.Done()
+			defer d.inFlight.Done()
 			defer func() { <-d.sema }()
 			d.answerDirect(ctx, m)
 		}()

@@ -159,21 +159,13 @@ func shift(m map[[32]byte][]pending, k [32]byte) (pending, bool) {
 	return p, true
 }
 
-// sweep drops expired entries until ctx ends.
-func (r *replies) sweep(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			r.mu.Lock()
-			expire(r.waiting, now.Add(-waitingTTL))
-			expire(r.early, now.Add(-earlyTTL))
-			r.mu.Unlock()
-		}
-	}
+// sweep drops expired entries; the dispatcher calls it every second.
+func (r *replies) sweep(context.Context) {
+	now := time.Now()
+	r.mu.Lock()
+	expire(r.waiting, now.Add(-waitingTTL))
+	expire(r.early, now.Add(-earlyTTL))
+	r.mu.Unlock()
 }
 
 func expire(m map[[32]byte][]pending, before time.Time) {

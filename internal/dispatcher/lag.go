@@ -16,15 +16,18 @@ import (
 // lag keeps, per pool, the jobs waiting in the pool's consumer and those
 // delivered but not finished, for the fleet.queue.* gauges: what an
 // autoscaler or an operator watches.
+// lagEvery is how often the pools' lag is read.
+const lagEvery = 5 * time.Second
+
 type lag struct {
 	mu       sync.Mutex
 	pending  map[string]uint64
 	inFlight map[string]int
 }
 
-// watchLag refreshes the numbers every interval until ctx ends, and
-// registers the gauges that report them.
-func (d *Dispatcher) watchLag(ctx context.Context, every time.Duration) {
+// lagGauges registers the gauges that report the pools' lag, as
+// refreshLag last read it; the returned function unregisters them.
+func (d *Dispatcher) lagGauges() func() {
 	l := d.lag
 	m := telemetry.Meter()
 	pending, _ := m.Int64ObservableGauge("fleet.queue.pending", metric.WithDescription("Jobs waiting in a pool's queue, not yet delivered to a worker"))
@@ -39,19 +42,10 @@ func (d *Dispatcher) watchLag(ctx context.Context, every time.Duration) {
 		}
 		return nil
 	}, pending, inFlight)
-	if err == nil {
-		defer reg.Unregister()
+	if err != nil {
+		return func() {}
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		d.refreshLag(ctx, l)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	return func() { _ = reg.Unregister() }
 }
 
 // QueueLag is a pool's consumer lag: jobs waiting in its queue, not yet
@@ -61,7 +55,7 @@ type QueueLag struct {
 	InFlight int    `json:"in_flight"`
 }
 
-// Lag returns each pool's consumer lag, as last read (every 5 seconds).
+// Lag returns each pool's consumer lag, as last read (every lagEvery).
 func (d *Dispatcher) Lag() map[string]QueueLag {
 	d.lag.mu.Lock()
 	defer d.lag.mu.Unlock()
@@ -72,7 +66,10 @@ func (d *Dispatcher) Lag() map[string]QueueLag {
 	return out
 }
 
-func (d *Dispatcher) refreshLag(ctx context.Context, l *lag) {
+// refreshLag reads each pool's consumer lag; the dispatcher calls it every
+// lagEvery.
+func (d *Dispatcher) refreshLag(ctx context.Context) {
+	l := d.lag
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	// Every stream that holds jobs: the pools' own, or the shared one.

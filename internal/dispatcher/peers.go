@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -24,9 +25,12 @@ type peers struct {
 
 const pingEvery = 2 * time.Second
 
-func (d *Dispatcher) startPeers(ctx context.Context) (*peers, error) {
+// startPeers announces the dispatcher and starts hearing the others; it
+// returns the service that keeps announcing it every pingEvery and stops
+// hearing them when stopped.
+func (d *Dispatcher) startPeers() (*peers, lifecycle.Service, error) {
 	p := &peers{self: job.NewID(), seen: map[string]time.Time{}}
-	ping := func() { _ = d.nc.Publish(d.names.Dispatchers(), []byte(p.self)) }
+	ping := func(context.Context) { _ = d.nc.Publish(d.names.Dispatchers(), []byte(p.self)) }
 	sub, err := d.nc.Subscribe(d.names.Dispatchers(), func(m *nats.Msg) {
 		id := string(m.Data)
 		if id == p.self {
@@ -37,36 +41,29 @@ func (d *Dispatcher) startPeers(ctx context.Context) (*peers, error) {
 		p.seen[id] = time.Now()
 		p.mu.Unlock()
 		if !known {
-			ping() // a newcomer learns of this dispatcher at once
+			ping(nil) // a newcomer learns of this dispatcher at once
 		}
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Say so before taking any submission, and give the others a moment to
 	// answer: from then on, every dispatcher knows it is not alone.
-	ping()
+	ping(nil)
 	if err := d.nc.FlushTimeout(5 * time.Second); err != nil {
 		_ = sub.Unsubscribe()
-		return nil, err
+		return nil, nil, err
 	}
 	time.Sleep(250 * time.Millisecond)
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		defer sub.Unsubscribe()
-		t := time.NewTicker(pingEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				ping()
-			}
-		}
-	}()
-	return p, nil
+	pinging := lifecycle.NewEvery(pingEvery, ping)
+	return p, lifecycle.Func{
+		StartFunc: pinging.Start,
+		StopFunc: func(ctx context.Context) error {
+			err := pinging.Stop(ctx)
+			_ = sub.Unsubscribe()
+			return err
+		},
+	}, nil
 }
 
 // any reports whether another dispatcher was heard from recently.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -41,7 +42,7 @@ func (a *attempt) lookup(ctx context.Context, s *situation) error {
 // any worker pulls.
 func (a *attempt) preferPeer(ctx context.Context, s *situation) {
 	c, ok := a.w.exec.(executor.ImageCache)
-	p, peers := a.w.cfg.Capacity.(Peers)
+	p, peers := a.w.cfg.Capacity.(capacity.Peers)
 	if !ok || !peers || a.delivered != 1 || s.outcome != nil || s.rec.State != job.StateQueued || a.req.Image == "" ||
 		a.req.PullPolicy != job.PullIfNotPresent || s.misfit != nil || s.refused != nil {
 		return
@@ -63,13 +64,13 @@ func (a *attempt) adopt(ctx context.Context, act action) error {
 		req.Resources.Memory = a.rec.MemoryOverride
 	}
 	if c := w.cfg.Capacity; c != nil {
-		res := Reservation{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(), MemoryBytes: req.Resources.MemoryBytes(),
+		res := capacity.Lease{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(), MemoryBytes: req.Resources.MemoryBytes(),
 			GPUs: req.Resources.GPU, StartedAt: time.Now(), Handle: a.msg.Reply()}
 		if act.found.StartedAt.After(time.Time{}) {
 			res.StartedAt = act.found.StartedAt
 		}
 		switch err := c.Reserve(ctx, res); {
-		case errors.Is(err, ErrNoCapacity):
+		case errors.Is(err, capacity.ErrNoCapacity):
 			// The attempt runs on regardless; a worker with room adopts it.
 			return a.settle(ctx, action{verb: doLater, attempt: a.n, why: "no capacity on this worker to adopt the attempt: " + err.Error()})
 		case err != nil:

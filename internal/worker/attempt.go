@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -179,7 +180,7 @@ func (a *attempt) situation() *situation {
 // whether another worker still runs the job, the executor's judgement of
 // the request), then decides.
 func (a *attempt) decide(ctx context.Context, s *situation) (action, error) {
-	if h, ok := a.w.cfg.Capacity.(Holder); ok && s.needsOwner(a.w.cfg.ID) {
+	if h, ok := a.w.cfg.Capacity.(capacity.Holder); ok && s.needsOwner(a.w.cfg.ID) {
 		runs, err := h.Holds(ctx, s.rec.WorkerID, a.id, s.rec.Attempt)
 		if err != nil {
 			// Without Redis, nobody can tell: the attempt counts as lost,
@@ -232,7 +233,7 @@ func (a *attempt) run(ctx context.Context, act action) error {
 	if a.rec.MemoryOverride != "" {
 		req.Resources.Memory = a.rec.MemoryOverride
 	}
-	res := Reservation{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(),
+	res := capacity.Lease{JobID: a.id, Attempt: a.n, CPUMilli: req.Resources.CPUMilli(),
 		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now(), Handle: a.msg.Reply()}
 	// The slot is reserved while the record is written: two round trips
 	// at once, not one after the other.
@@ -275,7 +276,7 @@ func (a *attempt) run(ctx context.Context, act action) error {
 			return a.settle(ctx, act)
 		}
 	}
-	if err := reserved(); errors.Is(err, ErrNoCapacity) {
+	if err := reserved(); errors.Is(err, capacity.ErrNoCapacity) {
 		return a.settle(ctx, action{verb: doHandBack, attempt: a.n, why: "not enough capacity on this worker"})
 	} else if err != nil {
 		a.log.Warn("capacity reservation failed; running on local accounting", "err", err)

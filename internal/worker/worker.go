@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -73,7 +74,7 @@ type Config struct {
 	MaxLogEvents int
 	// Capacity, when set, accounts slots and resources outside the worker
 	// (see package capacity). Defaults to local accounting only.
-	Capacity Capacity
+	Capacity capacity.Capacity
 	// Artifacts, when set, is the fleet's object store: attempts fetch
 	// their inputs by reference from it, store there the outputs that do
 	// not fit in the result, and archive every line of their output in it.
@@ -116,49 +117,6 @@ const DefaultAdoptWait = 10 * time.Minute
 // DefaultUsageInterval is how often a running attempt's heartbeat events
 // carry its usage.
 const DefaultUsageInterval = 10 * time.Second
-
-// Capacity reserves what an attempt needs before it runs and releases it
-// after. A reservation that fails with ErrNoCapacity hands the job back to
-// the pool for another worker.
-type Capacity interface {
-	Reserve(ctx context.Context, r Reservation) error
-	Release(ctx context.Context, r Reservation) error
-}
-
-// Reservation is what one attempt holds while it runs.
-type Reservation struct {
-	JobID       string
-	Attempt     int
-	CPUMilli    int64
-	MemoryBytes int64
-	GPUs        int
-	StartedAt   time.Time
-	// Handle is the ack subject of the job message: through it, the fleet
-	// gives the job back to its pool at once if the worker dies.
-	Handle string
-}
-
-// Holder is implemented by a Capacity that can tell whether another worker
-// still runs an attempt: a job recorded as running is then left to it,
-// rather than run again, when JetStream delivers it to another worker.
-type Holder interface {
-	Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error)
-}
-
-// Peers is implemented by a Capacity that knows what the other live workers
-// of the pool report: whether one has an image cached.
-type Peers interface {
-	PeerHasImage(ctx context.Context, image string) bool
-}
-
-// Room is implemented by a Capacity that knows how many more jobs of the
-// default size the worker's resources hold; the worker pulls no more.
-type Room interface {
-	Room() int
-}
-
-// ErrNoCapacity says the worker cannot take an attempt now.
-var ErrNoCapacity = errors.New("no capacity for this attempt")
 
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -427,7 +385,7 @@ func (w *Worker) pull() {
 			}
 		}
 		// Resources may be shorter than slots: ask only for what fits.
-		if r, ok := w.cfg.Capacity.(Room); ok {
+		if r, ok := w.cfg.Capacity.(capacity.Room); ok {
 			if room := r.Room(); room < n {
 				ended := w.ended.wait()
 				w.slots.release(n - room)

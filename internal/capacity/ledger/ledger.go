@@ -17,8 +17,8 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/hostinfo"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/telemetry"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -56,7 +56,7 @@ type Config struct {
 // Redis is away; each heartbeat replaces the leases in Redis with the
 // local truth, which reconciles them after an outage.
 //
-// It implements worker.Capacity, worker.Holder and worker.Room.
+// It implements capacity.Capacity, Holder, Peers and Room.
 type Ledger struct {
 	s   *capacity.Store
 	cfg Config
@@ -75,8 +75,7 @@ type Ledger struct {
 	wake    chan struct{}
 	outage  bool
 
-	stop  chan struct{}
-	done  chan struct{}
+	run   lifecycle.Runner
 	calls metric.Int64Counter
 
 	// peers caches the images the pool's other workers report, for one
@@ -100,10 +99,10 @@ type op struct {
 }
 
 var (
-	_ worker.Peers    = (*Ledger)(nil)
-	_ worker.Capacity = (*Ledger)(nil)
-	_ worker.Holder   = (*Ledger)(nil)
-	_ worker.Room     = (*Ledger)(nil)
+	_ capacity.Peers    = (*Ledger)(nil)
+	_ capacity.Capacity = (*Ledger)(nil)
+	_ capacity.Holder   = (*Ledger)(nil)
+	_ capacity.Room     = (*Ledger)(nil)
 )
 
 // New returns a Ledger; Start starts its heartbeat.
@@ -126,7 +125,7 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls,
 		leases: map[key]capacity.Lease{},
 		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
-		wake:   make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		wake:   make(chan struct{}, 1),
 	}
 }
 
@@ -144,18 +143,20 @@ func (r *Ledger) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
 func (r *Ledger) Start(ctx context.Context) error {
 	r.refreshBackend(ctx)
 	r.heartbeat(ctx)
-	go r.loop()
-	return nil
+	return r.run.Go(ctx, r.loop)
 }
 
 // Stop stops the heartbeat and removes the worker from Redis: a worker that
-// leaves cleanly does not wait for its keys to expire.
+// leaves cleanly does not wait for its keys to expire. Stopping again does
+// nothing more.
 func (r *Ledger) Stop(ctx context.Context) error {
-	close(r.stop)
 	select {
-	case <-r.done:
-	case <-ctx.Done():
-		return fmt.Errorf("stop ledger: %w", ctx.Err())
+	case <-r.run.Done():
+		return nil // stopped already, or never started
+	default:
+	}
+	if err := r.run.Stop(ctx); err != nil {
+		return fmt.Errorf("stop ledger: %w", err)
 	}
 	if err := r.s.Remove(ctx, r.cfg.WorkerID, r.cfg.Pool); err != nil {
 		r.log.Warn("could not remove the worker from Redis; its keys will expire", "err", err)
@@ -165,13 +166,11 @@ func (r *Ledger) Stop(ctx context.Context) error {
 
 // Reserve takes a lease for an attempt: ErrNoCapacity if the worker has not
 // that much left, locally or as Redis counts it.
-func (r *Ledger) Reserve(ctx context.Context, res worker.Reservation) error {
-	l := capacity.Lease{JobID: res.JobID, Attempt: res.Attempt, CPUMilli: res.CPUMilli, MemoryBytes: res.MemoryBytes,
-		GPUs: res.GPUs, StartedAt: res.StartedAt, Handle: res.Handle}
+func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
 	if why := r.fitsLocked(l); why != "" {
 		r.mu.Unlock()
-		return fmt.Errorf("%w: %s", worker.ErrNoCapacity, why)
+		return fmt.Errorf("%w: %s", capacity.ErrNoCapacity, why)
 	}
 	r.addLocked(l)
 	reply := make(chan error, 1)
@@ -186,7 +185,7 @@ func (r *Ledger) Reserve(ctx context.Context, res worker.Reservation) error {
 	}
 }
 
-// Holds implements worker.Holder: whether another worker is alive and holds
+// Holds implements capacity.Holder: whether another worker is alive and holds
 // the lease of a job's attempt.
 func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -194,7 +193,7 @@ func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int)
 	return r.s.Holds(ctx, workerID, jobID, attempt)
 }
 
-// PeerHasImage implements worker.Peers: whether another live, healthy
+// PeerHasImage implements capacity.Peers: whether another live, healthy
 // worker of the pool reports the image cached. The pool's heartbeats are
 // read at most once an interval; without Redis, no.
 func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
@@ -221,9 +220,9 @@ func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
 }
 
 // Release gives a lease back. It does not wait for Redis.
-func (r *Ledger) Release(ctx context.Context, res worker.Reservation) error {
+func (r *Ledger) Release(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
-	if held, ok := r.leases[key{res.JobID, res.Attempt}]; ok {
+	if held, ok := r.leases[keyOf(l)]; ok {
 		r.removeLocked(held)
 		r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Release: true, Lease: held}})
 	}
@@ -287,25 +286,15 @@ func (r *Ledger) poke() {
 }
 
 // loop sends queued lease operations to Redis in batches, and the
-// heartbeat every interval.
-func (r *Ledger) loop() {
-	defer close(r.done)
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	ctx := context.Background()
-	for {
-		select {
-		case <-r.stop:
-			r.flush(ctx)
-			return
-		case <-r.wake:
-			r.flush(ctx)
-		case <-t.C:
-			r.flush(ctx)
-			r.refreshBackend(ctx)
-			r.heartbeat(ctx)
-		}
-	}
+// heartbeat every interval, until ctx ends; then it sends what is left.
+func (r *Ledger) loop(ctx context.Context) error {
+	lifecycle.TickOrWake(ctx, r.cfg.Interval, r.wake, r.flush, func(ctx context.Context) {
+		r.flush(ctx)
+		r.refreshBackend(ctx)
+		r.heartbeat(ctx)
+	})
+	r.flush(context.WithoutCancel(ctx))
+	return nil
 }
 
 // flush sends every queued operation in one script call.
@@ -349,7 +338,7 @@ func (r *Ledger) flush(ctx context.Context) {
 			r.mu.Lock()
 			r.removeLocked(o.Lease)
 			r.mu.Unlock()
-			o.reply <- fmt.Errorf("%w: Redis counts %s full for this worker", worker.ErrNoCapacity,
+			o.reply <- fmt.Errorf("%w: Redis counts %s full for this worker", capacity.ErrNoCapacity,
 				strings.TrimPrefix(s, capacity.LeaseRefusedPrefix))
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/redistest"
-	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -35,8 +34,8 @@ func TestLedgerReconcilesWhenRedisReturns(t *testing.T) {
 		CPUMilli: ptr(4000), Interval: 200 * time.Millisecond})
 	r.Start(ctx)
 	defer r.Stop(ctx)
-	res := func(id string) worker.Reservation {
-		return worker.Reservation{JobID: id, Attempt: 1, CPUMilli: 1000, MemoryBytes: 1 << 20, StartedAt: time.Now()}
+	res := func(id string) capacity.Lease {
+		return capacity.Lease{JobID: id, Attempt: 1, CPUMilli: 1000, MemoryBytes: 1 << 20, StartedAt: time.Now()}
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		if err := r.Reserve(ctx, res(id)); err != nil {
@@ -117,7 +116,7 @@ func TestHeartbeatCarriesUsageAndInventory(t *testing.T) {
 	other.Start(ctx)
 	defer other.Stop(ctx)
 	for _, id := range []string{"spin", "idle"} {
-		if err := r.Reserve(ctx, worker.Reservation{JobID: id, Attempt: 2, CPUMilli: 1000, StartedAt: time.Now()}); err != nil {
+		if err := r.Reserve(ctx, capacity.Lease{JobID: id, Attempt: 2, CPUMilli: 1000, StartedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}

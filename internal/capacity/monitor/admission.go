@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
-	"github.com/fleet-dev/fleet/internal/loop"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -57,7 +57,7 @@ type Admission struct {
 	fresh   time.Time
 	lastErr error
 
-	loop  loop.Every
+	loop  *lifecycle.Every
 	gauge metric.Registration
 }
 
@@ -94,7 +94,9 @@ func NewAdmission(s *capacity.Store, mode string, log *slog.Logger) (*Admission,
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}, nil
+	a := &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}
+	a.loop = lifecycle.NewEvery(time.Second, a.refresh)
+	return a, nil
 }
 
 // Start refreshes the view now and then every second, until Stop. The view
@@ -103,7 +105,7 @@ func (a *Admission) Start(ctx context.Context) error {
 	if reg, err := a.observe(); err == nil {
 		a.gauge = reg
 	}
-	return a.loop.Start(ctx, time.Second, a.refresh)
+	return a.loop.Start(ctx)
 }
 
 // Stop stops refreshing the view.

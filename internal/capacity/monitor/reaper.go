@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
-	"github.com/fleet-dev/fleet/internal/loop"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -19,7 +19,7 @@ type Reaper struct {
 	s    *capacity.Store
 	cfg  ReaperConfig
 	log  *slog.Logger
-	loop loop.Every
+	loop *lifecycle.Every
 }
 
 // ReaperConfig configures a Reaper.
@@ -47,17 +47,17 @@ func NewReaper(s *capacity.Store, cfg ReaperConfig) *Reaper {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Reaper{s: s, cfg: cfg, log: cfg.Logger.With("component", "reaper")}
-}
-
-// Start starts reaping in the background.
-func (r *Reaper) Start(ctx context.Context) error {
-	return r.loop.Start(ctx, r.cfg.Every, func(ctx context.Context) {
+	r := &Reaper{s: s, cfg: cfg, log: cfg.Logger.With("component", "reaper")}
+	r.loop = lifecycle.NewEvery(cfg.Every, func(ctx context.Context) {
 		if _, err := r.Reap(ctx); err != nil {
 			r.log.Debug("reap", "err", err)
 		}
 	})
+	return r
 }
+
+// Start starts reaping in the background.
+func (r *Reaper) Start(ctx context.Context) error { return r.loop.Start(ctx) }
 
 // Stop stops reaping and waits, until ctx ends, for a round under way.
 func (r *Reaper) Stop(ctx context.Context) error { return r.loop.Stop(ctx) }
