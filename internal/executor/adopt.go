@@ -29,8 +29,8 @@ type Adopter interface {
 	// ends, collects what Run would (outputs, the tail of the log from the
 	// moment of adoption), removes what Run would, and returns its outcome.
 	// The attempt's timeout counts from when it started, not from the
-	// adoption. Its ctx ends it as Run's does; ended with ErrHandOff, Adopt
-	// leaves a running attempt alone and returns ErrHandedOff.
+	// adoption. Its ctx ends it as Run's does; ended with ErrLeaveRunning, Adopt
+	// leaves a running attempt alone and returns ErrLeftRunning.
 	Adopt(ctx context.Context, t *Task, f *Found) (*Outcome, error)
 	// RecoverAdoptable is Recoverer.Recover for a worker that adopts: it
 	// removes what earlier lives of worker workerID left behind, except
@@ -93,21 +93,22 @@ type Found struct {
 	Ref any
 }
 
-// Causes and errors of handing an attempt off.
+// The cause and the error of leaving an attempt running for adoption.
 var (
-	// ErrHandOff, as the cause of an attempt's ended context, asks an
+	// ErrLeaveRunning, as the cause of an attempt's ended context, asks an
 	// Adopter to stop following the attempt and leave it running, for
 	// another worker to adopt: the worker is stopping with --handoff.
-	ErrHandOff = errors.New("worker stopping: attempt handed off to the pool")
-	// ErrHandedOff is what Run and Adopt return when they left the attempt
-	// running on ErrHandOff. An attempt that had not started in its backend
+	ErrLeaveRunning = errors.New("worker stopping: attempt left running for adoption")
+	// ErrLeftRunning is what Run and Adopt return when they left the attempt
+	// running on ErrLeaveRunning. An attempt that had not started in its backend
 	// yet is stopped as on any cancel instead.
-	ErrHandedOff = errors.New("attempt left running for another worker to adopt")
+	ErrLeftRunning = errors.New("attempt left running for another worker to adopt")
 )
 
-// HandingOff reports whether ctx ended with ErrHandOff.
-func HandingOff(ctx context.Context) bool {
-	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrHandOff)
+// LeavingRunning reports whether ctx ended with ErrLeaveRunning: the
+// attempt is to be left running, not stopped.
+func LeavingRunning(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLeaveRunning)
 }
 
 // UsageReader is implemented by executors that can read what their running

@@ -85,8 +85,9 @@ const DefaultGrace = 10 * time.Second
 var (
 	// ErrCancelled: a user cancelled the job.
 	ErrCancelled = errors.New("job cancelled")
-	// ErrHandBack: the worker is shutting down and gives the job back.
-	ErrHandBack = errors.New("worker draining: job handed back")
+	// ErrRequeue: the worker is shutting down, stops the attempt and
+	// gives the job back to its pool, uncounted.
+	ErrRequeue = errors.New("worker draining: job requeued")
 )
 
 // Succeeded builds the Outcome of a successful attempt.

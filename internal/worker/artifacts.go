@@ -16,8 +16,8 @@ import (
 
 // openArtifacts prepares the attempt's files; nil when the worker has no
 // object store.
-func (a *attempt) openArtifacts() executor.Artifacts {
-	w := a.w
+func (d *delivery) openArtifacts() executor.Artifacts {
+	w := d.w
 	if w.cfg.Artifacts == nil {
 		return nil
 	}
@@ -25,29 +25,29 @@ func (a *attempt) openArtifacts() executor.Artifacts {
 	if lim.MaxInputBytes == 0 {
 		lim.MaxInputBytes = w.cfg.Limits.MaxInputRefBytes
 	}
-	a.arts = w.cfg.Artifacts.Attempt(a.id, a.n, a.req, artifact.AttemptOptions{Limits: lim, LogContext: w.settling,
+	d.arts = w.cfg.Artifacts.Attempt(d.id, d.n, d.req, artifact.AttemptOptions{Limits: lim, LogContext: w.settling,
 		// A job handed back runs again under the same attempt number.
-		Rerun: a.rec.Handbacks > 0})
-	return a.arts
+		Rerun: d.rec.Handbacks > 0})
+	return d.arts
 }
 
 // closeArtifacts completes the attempt's log, and notes in out when it was
 // truncated; a log that cannot be stored whole is a warning, not the
-// job's failure. The log of an attempt handed back is dropped: the
+// job's failure. The log of an attempt requeued is dropped: the
 // attempt runs again under its number.
-func (a *attempt) closeArtifacts(ctx context.Context, out *executor.Outcome, handedBack bool) {
-	if a.arts == nil {
+func (d *delivery) closeArtifacts(ctx context.Context, out *executor.Outcome, requeued bool) {
+	if d.arts == nil {
 		return
 	}
-	if handedBack {
-		if err := a.arts.AbortLog(ctx); err != nil {
-			a.log.Warn("the log of the handed-back attempt was not dropped", "err", err)
+	if requeued {
+		if err := d.arts.AbortLog(ctx); err != nil {
+			d.log.Warn("the log of the handed-back attempt was not dropped", "err", err)
 		}
 		return
 	}
-	info, err := a.arts.CloseLog(ctx)
+	info, err := d.arts.CloseLog(ctx)
 	if err != nil {
-		a.log.Warn("the attempt's log was not stored whole", "err", err)
+		d.log.Warn("the attempt's log was not stored whole", "err", err)
 	}
 	if out != nil {
 		out.Log = info

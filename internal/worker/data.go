@@ -27,15 +27,15 @@ const (
 )
 
 // dropData removes the data directory of a job that has ended.
-func (a *attempt) dropData(ctx context.Context) {
-	k, ok := a.w.exec.(executor.DataKeeper)
-	if !ok || a.req == nil || !a.req.Persists() {
+func (d *delivery) dropData(ctx context.Context) {
+	k, ok := d.w.exec.(executor.DataKeeper)
+	if !ok || d.req == nil || !d.req.Persists() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := k.RemoveData(ctx, a.id); err != nil {
-		a.log.Warn("could not remove the job's data directory; the next sweep will", "err", err)
+	if err := k.RemoveData(ctx, d.id); err != nil {
+		d.log.Warn("could not remove the job's data directory; the next sweep will", "err", err)
 	}
 }
 
@@ -69,7 +69,7 @@ func (w *Worker) sweepOnce(ctx context.Context, k executor.DataKeeper) {
 			return
 		}
 		why := ""
-		rec, _, err := w.store.Get(ctx, d.JobID)
+		rec, _, err := w.journal.Record(ctx, d.JobID)
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
 			why = "the job has no record"

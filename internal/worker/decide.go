@@ -9,8 +9,12 @@ import (
 )
 
 // What a worker does with one delivery of a job message is decided here,
-// by decide, from what it knows at that moment; attempt.settle carries the
-// decision out. decide reads nothing and writes nothing, so every branch is
+// by decide, from what it knows at that moment: every action a delivery
+// takes comes from decide, and delivery.settle carries it out. What the
+// delivery's pipeline learns on the way (a message that is not a request,
+// a record it cannot read or write, no capacity for the attempt, a write
+// refused because the record moved) goes into the situation, and decide is
+// asked again. decide reads nothing and writes nothing, so every branch is
 // a table test (decide_test.go).
 
 // verb names an action.
@@ -30,9 +34,9 @@ const (
 	// doRetry records a failed attempt and schedules the next one after
 	// delay (a NakWithDelay: the retry lives in JetStream).
 	doRetry
-	// doHandBack gives the job back to the pool at once, without counting
+	// doRequeue gives the job back to the pool at once, without counting
 	// the delivery as an attempt.
-	doHandBack
+	doRequeue
 	// doLater leaves the job for a moment: the fleet could not read or
 	// write what it needs (NATS is electing a leader), or another worker
 	// still runs it. Nothing is written; the message comes back later.
@@ -44,14 +48,14 @@ const (
 	// worker, an adopted event says so, and the attempt is followed to its
 	// end as if it had run here. The attempt count does not grow.
 	doAdopt
-	// doAwait leaves the job for the worker that started its attempt, the
-	// only one that can reach it: the record notes since when it waits,
-	// and the message comes back after delay.
-	doAwait
-	// doHandOff leaves an attempt running in its backend for another worker
-	// to adopt, and gives the message back at once; the record still says
-	// the attempt runs.
-	doHandOff
+	// doAwaitOwner leaves the job for the worker that started its
+	// attempt, the only one that can reach it: the record notes since when
+	// it waits, and the message comes back after delay.
+	doAwaitOwner
+	// doLeaveRunning leaves an attempt running in its backend for another
+	// worker to adopt, and gives the message back at once; the record still
+	// says the attempt runs.
+	doLeaveRunning
 )
 
 func (v verb) String() string {
@@ -66,18 +70,18 @@ func (v verb) String() string {
 		return "finish"
 	case doRetry:
 		return "retry"
-	case doHandBack:
-		return "hand back"
+	case doRequeue:
+		return "requeue"
 	case doLater:
 		return "later"
 	case doRefuse:
 		return "refuse"
 	case doAdopt:
 		return "adopt"
-	case doAwait:
-		return "await"
-	case doHandOff:
-		return "hand off"
+	case doAwaitOwner:
+		return "await owner"
+	case doLeaveRunning:
+		return "leave running"
 	}
 	return fmt.Sprintf("verb(%d)", int(v))
 }
@@ -104,7 +108,7 @@ type action struct {
 	// a job is left before it is looked at again (doLater).
 	delay  time.Duration
 	memory string
-	// why explains a hand back or a refusal.
+	// why explains a requeue, a wait or a refusal.
 	why string
 	// found is the attempt to adopt (doAdopt).
 	found *executor.Found
@@ -112,10 +116,20 @@ type action struct {
 
 // situation is what the worker knows when it decides.
 type situation struct {
-	rec       *job.Record  // the job's record, as last read or written
+	// malformed is why the message is not a job request; nothing else is
+	// known then.
+	malformed error
+	// unsettled is why the fleet could not read or write what the
+	// delivery needs (NATS electing a leader): nothing is decided now.
+	unsettled error
+	// noCapacity is why the worker's capacity cannot hold the attempt:
+	// its reservation was refused, before anything was written.
+	noCapacity string
+	rec        *job.Record  // the job's record, as last read or written
 	req       *job.Request // the normalized request
 	submitted time.Time    // when the job was submitted; zero if unknown
 	now       time.Time
+	self      string // this worker's id
 	// ownerRuns: the worker recorded as running the job still holds the
 	// attempt (its capacity lease says so).
 	ownerRuns bool
@@ -131,11 +145,12 @@ type situation struct {
 	refused error
 	// outcome is how the attempt ended, once it ran; nil before.
 	outcome *executor.Outcome
-	// handedBack: the worker stopped the attempt to give the job back.
-	handedBack bool
-	// handedOff: the executor left the attempt running, for another worker
-	// to adopt (the worker stops with --handoff).
-	handedOff bool
+	// requeued: the worker stopped the attempt to give the job back to
+	// the pool (it is shutting down).
+	requeued bool
+	// leftRunning: the executor left the attempt running, for another
+	// worker to adopt (the worker stops with --handoff).
+	leftRunning bool
 	// deadlineBound: the attempt's timeout was cut short to end at the
 	// job's deadline, so that a timeout is the deadline's.
 	deadlineBound bool
@@ -177,8 +192,8 @@ func (s *situation) needsLookup() bool { return s.orphan() && s.outcome == nil &
 
 // needsOwner reports whether decide must be told if the worker recorded as
 // running the job still runs it.
-func (s *situation) needsOwner(self string) bool {
-	return s.outcome == nil && s.rec.State == job.StateRunning && s.rec.WorkerID != self
+func (s *situation) needsOwner() bool {
+	return s.outcome == nil && s.rec.State == job.StateRunning && s.rec.WorkerID != s.self
 }
 
 // queuedSince is when the job's queue_timeout starts counting: its
@@ -211,10 +226,23 @@ func decide(s *situation) action {
 }
 
 func decideDelivery(s *situation) action {
+	if s.malformed != nil {
+		// Only the dispatcher publishes jobs: someone published to the
+		// jobs subject directly.
+		return action{verb: doRefuse, why: s.malformed.Error()}
+	}
 	rec, req, n := s.rec, s.req, s.attemptOf()
 	switch {
+	case s.unsettled != nil:
+		// Nothing is written: the next delivery looks again.
+		return action{verb: doLater, attempt: n, delay: laterDelay,
+			why: "the job's state cannot be read or written now: " + s.unsettled.Error()}
+	case s.noCapacity != "":
+		// Nothing was written (the lease is reserved before the record):
+		// the job is left a moment for a worker with room.
+		return action{verb: doLater, attempt: n, delay: misfitDelay, why: s.noCapacity}
 	case s.draining:
-		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
+		return action{verb: doRequeue, attempt: n, why: "the worker is shutting down"}
 	case rec.State.Final():
 		// Finished by an earlier delivery that did not get to acknowledge.
 		return action{verb: doAck, attempt: n}
@@ -258,7 +286,7 @@ func decideDelivery(s *situation) action {
 				since = *rec.AwaitingSince
 			}
 			if left := since.Add(s.adoptWait).Sub(s.now); left > 0 {
-				return action{verb: doAwait, attempt: rec.Attempt, delay: min(s.recheck, left),
+				return action{verb: doAwaitOwner, attempt: rec.Attempt, delay: min(s.recheck, left),
 					why: fmt.Sprintf("attempt %d runs where only worker %s can reach it (%s); waiting for it to come back for %s more",
 						rec.Attempt, rec.WorkerID, s.found.Why, left.Round(time.Second))}
 			}
@@ -310,11 +338,11 @@ func decideDelivery(s *situation) action {
 func decideOutcome(s *situation) action {
 	// The record says which attempt ran: it was written when it began.
 	n, out := s.rec.Attempt, s.outcome
-	if s.handedOff {
-		return action{verb: doHandOff, attempt: n, why: "the worker is stopping and hands its attempts off"}
+	if s.leftRunning {
+		return action{verb: doLeaveRunning, attempt: n, why: "the worker is stopping and leaves its attempts running for adoption"}
 	}
-	if s.handedBack && out.Status != job.StatusSucceeded {
-		return action{verb: doHandBack, attempt: n, why: "the worker is shutting down"}
+	if s.requeued && out.Status != job.StatusSucceeded {
+		return action{verb: doRequeue, attempt: n, why: "the worker is shutting down"}
 	}
 	if s.deadlineBound && out.Status == job.StatusTimedOut {
 		o := *out

@@ -56,7 +56,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a draining worker hands the job back",
 			s:    situation{rec: queued(), req: request(nil), draining: true},
-			want: action{verb: doHandBack, attempt: 1},
+			want: action{verb: doRequeue, attempt: 1},
 		},
 		{
 			name: "a copy of a finished job is acknowledged",
@@ -288,13 +288,13 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "an attempt stopped for a drain hands the job back",
-			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedBack: true,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, requeued: true,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "drain")}},
-			want: action{verb: doHandBack, attempt: 1},
+			want: action{verb: doRequeue, attempt: 1},
 		},
 		{
 			name: "an attempt that succeeded while the worker drained is kept",
-			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedBack: true,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, requeued: true,
 				outcome: &executor.Outcome{Status: job.StatusSucceeded}},
 			want: action{verb: doFinish, attempt: 1, attempts: 1},
 		},
@@ -349,18 +349,18 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a draining worker adopts nothing",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: running, draining: true},
-			want: action{verb: doHandBack, attempt: 2},
+			want: action{verb: doRequeue, attempt: 2},
 		},
 		{
 			name: "an attempt only its owner can reach waits for the owner",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: unreachable, adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
-			want: action{verb: doAwait, attempt: 1, delay: 30 * time.Second},
+			want: action{verb: doAwaitOwner, attempt: 1, delay: 30 * time.Second},
 		},
 		{
 			name: "the wait for the owner ends at the adopt wait",
 			s: situation{rec: awaiting(runningOn("w1", 1), now.Add(-9*time.Minute-50*time.Second)), req: request(nil), found: unreachable,
 				adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
-			want: action{verb: doAwait, attempt: 1, delay: 10 * time.Second},
+			want: action{verb: doAwaitOwner, attempt: 1, delay: 10 * time.Second},
 		},
 		{
 			name: "an owner that does not come back within the adopt wait loses the attempt",
@@ -383,9 +383,9 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "an attempt handed off by a stopping worker gives the message back, record unchanged",
-			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, handedOff: true,
+			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, leftRunning: true,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "hand off")}},
-			want: action{verb: doHandOff, attempt: 1},
+			want: action{verb: doLeaveRunning, attempt: 1},
 		},
 		{
 			name: "an adopted attempt that succeeded finishes the job with its attempt count",

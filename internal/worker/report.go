@@ -13,36 +13,36 @@ import (
 
 // progress tells JetStream the attempt is alive, and publishes heartbeat
 // events, until the returned function is called.
-func (a *attempt) progress() (stop func()) {
+func (d *delivery) progress() (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(a.w.cfg.Progress)
+		t := time.NewTicker(d.w.cfg.Progress)
 		defer t.Stop()
-		nextUsage := time.Now().Add(a.w.cfg.UsageInterval)
+		nextUsage := time.Now().Add(d.w.cfg.UsageInterval)
 		for {
 			select {
 			case <-done:
 				return
 			case <-t.C:
-				if err := a.msg.InProgress(); err != nil {
-					a.log.Warn("progress ack failed", "err", err)
+				if err := d.msg.InProgress(); err != nil {
+					d.log.Warn("progress ack failed", "err", err)
 				}
-				seq := a.nextHeartbeat()
+				seq := d.nextHeartbeat()
 				// Every UsageInterval the heartbeat carries what the
 				// attempt uses, when the executor can read it.
 				var u *job.Usage
-				if now := time.Now(); a.w.cfg.Usage != nil && !now.Before(nextUsage) {
-					nextUsage = now.Add(a.w.cfg.UsageInterval)
-					u = a.w.cfg.Usage.Of(a.ctx, a.id, a.n)
+				if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(nextUsage) {
+					nextUsage = now.Add(d.w.cfg.UsageInterval)
+					u = d.w.cfg.Usage.Of(d.ctx, d.id, d.n)
 				}
 				if u == nil {
-					a.eventSeq(job.EventHeartbeat, seq, nil)
+					d.eventSeq(job.EventHeartbeat, seq, nil)
 					continue
 				}
-				a.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
+				d.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
 			}
 		}
 	}()
@@ -52,20 +52,20 @@ func (a *attempt) progress() (stop func()) {
 // Log implements Reporter: every line goes to the attempt's archived log
 // (when the worker has an object store), and a bounded number of them to
 // log events.
-func (a *attempt) Log(stream, line string) {
-	if a.arts != nil {
-		a.arts.Log(stream, line)
+func (d *delivery) Log(stream, line string) {
+	if d.arts != nil {
+		d.arts.Log(stream, line)
 	}
-	a.logMu.Lock()
-	a.logs++
-	n := a.logs
-	a.logMu.Unlock()
-	max := a.w.cfg.MaxLogEvents
+	d.logMu.Lock()
+	d.logs++
+	n := d.logs
+	d.logMu.Unlock()
+	max := d.w.cfg.MaxLogEvents
 	switch {
 	case n < max:
-		a.eventSeq(job.EventLog, a.seqBase+n, func(e *job.Event) { e.Stream, e.Line = stream, line })
+		d.eventSeq(job.EventLog, d.seqBase+n, func(e *job.Event) { e.Stream, e.Line = stream, line })
 	case n == max:
-		a.eventSeq(job.EventLog, a.seqBase+n, func(e *job.Event) {
+		d.eventSeq(job.EventLog, d.seqBase+n, func(e *job.Event) {
 			e.Stream, e.Line = stream, line
 			e.Message = fmt.Sprintf("log events stop here (limit %d); the result keeps the tail of each stream", max)
 		})
@@ -73,14 +73,14 @@ func (a *attempt) Log(stream, line string) {
 }
 
 // Phase implements Reporter: a heartbeat event that names the new phase.
-func (a *attempt) Phase(phase, message string) {
-	a.eventSeq(job.EventHeartbeat, a.nextHeartbeat(), func(e *job.Event) { e.Phase, e.Message = phase, message })
+func (d *delivery) Phase(phase, message string) {
+	d.eventSeq(job.EventHeartbeat, d.nextHeartbeat(), func(e *job.Event) { e.Phase, e.Message = phase, message })
 }
 
 // nextHeartbeat numbers the attempt's next heartbeat event.
-func (a *attempt) nextHeartbeat() int {
-	a.logMu.Lock()
-	defer a.logMu.Unlock()
-	a.hbSeq++
-	return a.seqBase + a.hbSeq
+func (d *delivery) nextHeartbeat() int {
+	d.logMu.Lock()
+	defer d.logMu.Unlock()
+	d.hbSeq++
+	return d.seqBase + d.hbSeq
 }

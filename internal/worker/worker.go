@@ -194,8 +194,9 @@ type Worker struct {
 	log   *slog.Logger
 	slots *slots
 	ended signal // fires when an attempt ends
-	store *queue.Store
-	cons  jetstream.Consumer
+	// journal reads and writes the jobs' records, events and results.
+	journal journal
+	cons    jetstream.Consumer
 	cubs  *nats.Subscription
 	m     metrics
 
@@ -212,7 +213,7 @@ type Worker struct {
 	// background holds the sweep of data directories.
 	background sync.WaitGroup
 	mu         sync.Mutex
-	running    map[string]*attempt
+	running    map[string]*delivery
 	draining   atomic.Bool
 	// pause is whether the pool is paused, as last read.
 	pause pauseState
@@ -233,7 +234,7 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 		cfg: cfg, nc: nc, js: js, exec: exec, names: cfg.Queue.Names,
 		log:     cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
 		slots:   newSlots(cfg.Slots),
-		running: map[string]*attempt{},
+		running: map[string]*delivery{},
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
 	if r, ok := exec.(executor.UsageReader); ok && w.cfg.Usage == nil {
@@ -251,7 +252,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.store = store
+	w.journal = &jsJournal{nc: w.nc, js: w.js, store: store, names: w.names}
 	if err := w.recover(ctx); err != nil {
 		return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 	}
@@ -290,7 +291,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopPull()
 	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
 		w.log.Info("handing running attempts off to the pool", "running", w.Running())
-		w.stopRuns(executor.ErrHandOff)
+		w.stopRuns(executor.ErrLeaveRunning)
 	}
 	done := make(chan struct{})
 	// Open fetches end within FetchWait; what they still bring is handed
@@ -300,7 +301,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		w.log.Warn("drain timeout: handing back running jobs", "running", w.Running())
-		w.stopRuns(executor.ErrHandBack)
+		w.stopRuns(executor.ErrRequeue)
 		select {
 		case <-done:
 		case <-time.After(handBackGrace):
@@ -314,7 +315,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
 	}
-	w.stopRuns(executor.ErrHandBack)
+	w.stopRuns(executor.ErrRequeue)
 	w.background.Wait()
 	select {
 	case <-w.js.PublishAsyncComplete():
@@ -451,30 +452,32 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	}
 	id := w.names.JobID(m.Subject)
 	w.mu.Lock()
-	a := w.running[id]
+	d := w.running[id]
 	w.mu.Unlock()
-	if a != nil {
-		w.log.Info("cancelling running job", "job_id", id, "attempt", a.n)
-		a.cancel(executor.ErrCancelled)
+	if d != nil {
+		// Only what register set is read here: the delivery's id and its
+		// cancel, both set before it was registered.
+		w.log.Info("cancelling running job", "job_id", id)
+		d.cancel(executor.ErrCancelled)
 	}
 }
 
-// register notes an attempt as running here; false when another copy of
+// register notes a delivery as running here; false when another copy of
 // the job already runs on this worker.
-func (w *Worker) register(a *attempt) bool {
+func (w *Worker) register(d *delivery) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.running[a.id] != nil {
+	if w.running[d.id] != nil {
 		return false
 	}
-	w.running[a.id] = a
+	w.running[d.id] = d
 	return true
 }
 
-func (w *Worker) unregister(a *attempt) {
+func (w *Worker) unregister(d *delivery) {
 	w.mu.Lock()
-	if w.running[a.id] == a {
-		delete(w.running, a.id)
+	if w.running[d.id] == d {
+		delete(w.running, d.id)
 	}
 	w.mu.Unlock()
 }

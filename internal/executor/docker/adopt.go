@@ -105,7 +105,7 @@ func (e *Executor) Adopt(ctx context.Context, t *executor.Task, f *executor.Foun
 	log := e.log.With("job_id", t.JobID, "attempt", t.Attempt, "container", c.name)
 	defer func() {
 		switch {
-		case err == executor.ErrHandedOff:
+		case err == executor.ErrLeftRunning:
 			log.Info("leaving the adopted container running for adoption")
 		case e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded:
 			log.Info("keeping the container of a failed attempt")

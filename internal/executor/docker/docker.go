@@ -299,7 +299,7 @@ func sortedKeys(m map[string]string) []string {
 // failure, a daemon error as an error (infrastructure). Once it has
 // started, the Outcome says how the attempt ended; the container is gone
 // when Run returns, unless KeepFailed keeps it, or the worker handed the
-// attempt off (ErrHandedOff): then it runs on, for adoption.
+// attempt off (ErrLeftRunning): then it runs on, for adoption.
 func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Outcome, err error) {
 	req := t.Request
 	if err := e.Validate(req); err != nil {
@@ -319,7 +319,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 		return nil, err
 	}
 	keep := func() bool {
-		return errors.Is(err, executor.ErrHandedOff) || (e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded)
+		return errors.Is(err, executor.ErrLeftRunning) || (e.cfg.KeepFailed && out != nil && out.Status != job.StatusSucceeded)
 	}
 	defer func() {
 		if !keep() {
@@ -361,7 +361,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}
 	defer func() {
 		switch {
-		case errors.Is(err, executor.ErrHandedOff):
+		case errors.Is(err, executor.ErrLeftRunning):
 			log.Info("leaving the container running for adoption", "container", name)
 		case keep():
 			log.Info("keeping the container of a failed attempt", "container", name)
@@ -394,8 +394,8 @@ type live struct {
 // (counted from when it started) passes or ctx ends, and says how the
 // attempt ended, with its outputs. With all, it reports the container's
 // whole log; without (an adopted container), the log from now on, or
-// the whole of it once the container has exited. On ErrHandOff it leaves
-// a running container alone and returns ErrHandedOff.
+// the whole of it once the container has exited. On ErrLeaveRunning it leaves
+// a running container alone and returns ErrLeftRunning.
 func (e *Executor) supervise(ctx context.Context, t *executor.Task, c *live, all bool) (*executor.Outcome, error) {
 	req := t.Request
 	bg := context.WithoutCancel(ctx)
@@ -427,7 +427,7 @@ func (e *Executor) supervise(ctx context.Context, t *executor.Task, c *live, all
 	}
 	handedOff := false
 	x, stopped := executor.SuperviseLeft(ctx, timeout, left, exited, func() (exit, string) {
-		if executor.HandingOff(ctx) {
+		if executor.LeavingRunning(ctx) {
 			handedOff = true
 			return exit{}, "handed off"
 		}
@@ -436,8 +436,8 @@ func (e *Executor) supervise(ctx context.Context, t *executor.Task, c *live, all
 	if handedOff {
 		cutLogs()
 		logsDone()
-		endRun(executor.ErrHandedOff)
-		return nil, executor.ErrHandedOff
+		endRun(executor.ErrLeftRunning)
+		return nil, executor.ErrLeftRunning
 	}
 	logsDone()
 

@@ -138,14 +138,14 @@ func testAdopt(t *testing.T, s *suite) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		go func() {
 			if a.report.waitLine(readyLine, lineWait) {
-				cancel(executor.ErrHandOff)
+				cancel(executor.ErrLeaveRunning)
 			} else {
 				cancel(errors.New("the attempt never printed its ready line"))
 			}
 		}()
 		out, err := s.run(t, ctx, a)
-		if !errors.Is(err, executor.ErrHandedOff) {
-			t.Fatalf("Run on a hand-off: %v, %v; want ErrHandedOff", out, err)
+		if !errors.Is(err, executor.ErrLeftRunning) {
+			t.Fatalf("Run on a hand-off: %v, %v; want ErrLeftRunning", out, err)
 		}
 		if len(inst.Left(t)) == 0 {
 			t.Fatal("nothing of the handed-off attempt runs on")

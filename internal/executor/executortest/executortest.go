@@ -41,7 +41,7 @@
 //     too, without crashing (Validate);
 //   - adopt: an attempt a killed worker left running is found running and
 //     adopted to its end, with its outputs; one that ended while no worker
-//     watched is settled from its exit code; one handed off (ErrHandOff)
+//     watched is settled from its exit code; one handed off (ErrLeaveRunning)
 //     runs on and is adopted; RecoverAdoptable keeps what may be adopted
 //     and removes the rest; what is gone is found gone (Adopt);
 //   - persist: a job's data directory is the same for its attempts, in

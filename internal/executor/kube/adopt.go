@@ -93,7 +93,7 @@ func (e *Executor) Adopt(ctx context.Context, t *executor.Task, f *executor.Foun
 	defer unwatch()
 	jobs, pods, stop, err := e.watchJob(ctx, a.name)
 	if err != nil {
-		if ctx.Err() != nil && !executor.HandingOff(ctx) {
+		if ctx.Err() != nil && !executor.LeavingRunning(ctx) {
 			return executor.CancelledOutcome(ctx, time.Now()), nil
 		}
 		return nil, err
@@ -107,7 +107,7 @@ func (e *Executor) Adopt(ctx context.Context, t *executor.Task, f *executor.Foun
 	}
 	a.log.Info("adopting the Job")
 	out, err := a.toEnd(ctx, dir)
-	if dir != nil && !errors.Is(err, executor.ErrHandedOff) {
+	if dir != nil && !errors.Is(err, executor.ErrLeftRunning) {
 		_ = dir.Remove()
 	}
 	return out, err

@@ -159,10 +159,10 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		long := &executor.Task{JobID: "rbac-adopt", Attempt: 1, WorkerID: "worker-1", Pool: "p", Report: rep, Request: request(nil)}
 		go func() {
 			if rep.waitFor("Running", 30*time.Second) {
-				cancel(executor.ErrHandOff)
+				cancel(executor.ErrLeaveRunning)
 			}
 		}()
-		if _, err := e.Run(hctx, long); !errors.Is(err, executor.ErrHandedOff) {
+		if _, err := e.Run(hctx, long); !errors.Is(err, executor.ErrLeftRunning) {
 			t.Fatalf("Run on a hand-off: %v", err)
 		}
 		other := c.executor(t, "worker-2")

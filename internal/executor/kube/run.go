@@ -102,26 +102,26 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 	a.started = time.Now()
 	a.phase("Pending", "Created", fmt.Sprintf("Job %s/%s", e.cfg.Namespace, a.name))
 	out, err := a.toEnd(ctx, dir)
-	handedOff = errors.Is(err, executor.ErrHandedOff)
+	handedOff = errors.Is(err, executor.ErrLeftRunning)
 	return out, err
 }
 
 // toEnd waits for the attempt's Job to end, reads the rest of its log and
 // collects its outputs from dir (nil without a shared volume). On a
-// hand-off it returns ErrHandedOff, leaving the Job running.
+// hand-off it returns ErrLeftRunning, leaving the Job running.
 func (a *attempt) toEnd(ctx context.Context, dir *workspace.Dir) (*executor.Outcome, error) {
 	a.track()
 	defer a.untrack()
 	_, endRun := telemetry.Step(ctx, "fleet.run")
 	v := a.wait(ctx)
 	if v.handedOff {
-		endRun(executor.ErrHandedOff)
+		endRun(executor.ErrLeftRunning)
 		if a.logs != nil {
 			a.logs.cancel()
 			<-a.logs.done
 		}
 		a.log.Info("leaving the Job running for adoption")
-		return nil, executor.ErrHandedOff
+		return nil, executor.ErrLeftRunning
 	}
 	endRun(nil)
 	a.phase(v.phase, v.reason, v.message())
@@ -252,7 +252,7 @@ func (a *attempt) wait(ctx context.Context) *verdict {
 			a.stop(ctx, v)
 			return v
 		case <-ctx.Done():
-			if executor.HandingOff(ctx) {
+			if executor.LeavingRunning(ctx) {
 				return &verdict{handedOff: true}
 			}
 			v := &verdict{status: job.StatusCancelled, phase: "Failed", reason: "Cancelled",
