@@ -1,6 +1,9 @@
 package job
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // FailureClass says why an attempt failed; retry policies are keyed on it.
 type FailureClass string
@@ -36,56 +39,59 @@ func (c FailureClass) Valid() bool {
 	return false
 }
 
+// FailureCode says precisely why an attempt failed, within its class.
+type FailureCode string
+
 // Failure codes: every code an attempt or a job can fail with, by class.
 // Producers and dashboards may match on them; they are part of the contract.
 const (
 	// execution
-	CodeExitCode      = "exit_code"        // the command exited non-zero
-	CodeStartFailed   = "start_failed"     // the command could not be started
-	CodeOutputMissing = "output_missing"   // a declared output was not written
-	CodeOutputLarge   = "output_too_large" // the outputs exceed the worker's limit
-	CodeOutputNotText = "output_not_text"  // an output is not UTF-8 text
+	CodeExitCode      FailureCode = "exit_code"        // the command exited non-zero
+	CodeStartFailed   FailureCode = "start_failed"     // the command could not be started
+	CodeOutputMissing FailureCode = "output_missing"   // a declared output was not written
+	CodeOutputLarge   FailureCode = "output_too_large" // the outputs exceed the worker's limit
+	CodeOutputNotText FailureCode = "output_not_text"  // an output is not UTF-8 text
 
 	// timeout
-	CodeAttemptTimeout = "attempt_timeout" // one attempt ran longer than timeout
-	CodeQueueTimeout   = "queue_timeout"   // queued longer than queue_timeout
-	CodeDeadline       = "deadline"        // the whole job exceeded its deadline
-	CodeJobOverdue     = "job_overdue"     // a Kubernetes Job outlived its deadline; the worker deleted it
+	CodeAttemptTimeout FailureCode = "attempt_timeout" // one attempt ran longer than timeout
+	CodeQueueTimeout   FailureCode = "queue_timeout"   // queued longer than queue_timeout
+	CodeDeadline       FailureCode = "deadline"        // the whole job exceeded its deadline
+	CodeJobOverdue     FailureCode = "job_overdue"     // a Kubernetes Job outlived its deadline; the worker deleted it
 
 	// oom
-	CodeOOMKilled = "oom_killed" // killed for exceeding its memory limit
+	CodeOOMKilled FailureCode = "oom_killed" // killed for exceeding its memory limit
 
 	// image
-	CodeImageNotPresent = "image_not_present" // not on the host, and the pull policy is never
-	CodeImagePull       = "image_pull_failed" // the image could not be pulled
+	CodeImageNotPresent FailureCode = "image_not_present" // not on the host, and the pull policy is never
+	CodeImagePull       FailureCode = "image_pull_failed" // the image could not be pulled
 
 	// infrastructure
-	CodeWorkerLost        = "worker_lost"        // the worker stopped during the attempt
-	CodeExecutorError     = "executor_error"     // the executor could not run or follow the attempt
-	CodeOutputUnreadable  = "output_unreadable"  // an output could not be read back
-	CodeContainerVanished = "container_vanished" // someone else removed the container
-	CodeContainerLost     = "container_lost"     // the Docker daemon lost the container
-	CodeUnschedulable     = "unschedulable"      // no node could take the pod
-	CodePodStuck          = "pod_stuck"          // the pod's container could not be created
-	CodeEvicted           = "evicted"            // the pod was evicted or preempted
-	CodeNodeLost          = "node_lost"          // the pod's node went away
-	CodePodFailed         = "pod_failed"         // the pod failed without an exit code
-	CodeJobDeleted        = "job_deleted"        // someone else deleted the Kubernetes Job
-	CodeOutputNotStored   = "output_not_stored"  // an output could not be written to the object store
-	CodeInputNotFetched   = "input_not_fetched"  // an input by reference could not be read from the object store
+	CodeWorkerLost        FailureCode = "worker_lost"        // the worker stopped during the attempt
+	CodeExecutorError     FailureCode = "executor_error"     // the executor could not run or follow the attempt
+	CodeOutputUnreadable  FailureCode = "output_unreadable"  // an output could not be read back
+	CodeContainerVanished FailureCode = "container_vanished" // someone else removed the container
+	CodeContainerLost     FailureCode = "container_lost"     // the Docker daemon lost the container
+	CodeUnschedulable     FailureCode = "unschedulable"      // no node could take the pod
+	CodePodStuck          FailureCode = "pod_stuck"          // the pod's container could not be created
+	CodeEvicted           FailureCode = "evicted"            // the pod was evicted or preempted
+	CodeNodeLost          FailureCode = "node_lost"          // the pod's node went away
+	CodePodFailed         FailureCode = "pod_failed"         // the pod failed without an exit code
+	CodeJobDeleted        FailureCode = "job_deleted"        // someone else deleted the Kubernetes Job
+	CodeOutputNotStored   FailureCode = "output_not_stored"  // an output could not be written to the object store
+	CodeInputNotFetched   FailureCode = "input_not_fetched"  // an input by reference could not be read from the object store
 
 	// cancelled, rejected
-	CodeCancelled    = "cancelled"       // a user cancelled the job
-	CodeInvalid      = "invalid_request" // the request is not acceptable
-	CodeInputMissing = "input_missing"   // an input by reference names no object
-	CodeInputChanged = "input_changed"   // an input's object differs from its reference (digest or size)
+	CodeCancelled    FailureCode = "cancelled"       // a user cancelled the job
+	CodeInvalid      FailureCode = "invalid_request" // the request is not acceptable
+	CodeInputMissing FailureCode = "input_missing"   // an input by reference names no object
+	CodeInputChanged FailureCode = "input_changed"   // an input's object differs from its reference (digest or size)
 )
 
 // Failure describes why an attempt or a job failed. Message is for people;
 // it never carries environment values.
 type Failure struct {
 	Class   FailureClass `json:"class"`
-	Code    string       `json:"code"`
+	Code    FailureCode  `json:"code"`
 	Message string       `json:"message"`
 }
 
@@ -95,7 +101,28 @@ func (f *Failure) Error() string {
 	return fmt.Sprintf("%s (%s): %s", f.Class, f.Code, f.Message)
 }
 
+// Is reports whether target is a Failure of the same class and, when
+// target names one, the same code, so that errors.Is matches a wrapped
+// Failure against a pattern:
+//
+//	errors.Is(err, &job.Failure{Class: job.ClassOOM})
+//	errors.Is(err, &job.Failure{Class: job.ClassTimeout, Code: job.CodeDeadline})
+func (f *Failure) Is(target error) bool {
+	t, ok := target.(*Failure)
+	if !ok || f == nil || t == nil {
+		return false
+	}
+	return t.Class == f.Class && (t.Code == "" || t.Code == f.Code)
+}
+
+// AsFailure returns the Failure err is or wraps, if any.
+func AsFailure(err error) (*Failure, bool) {
+	var f *Failure
+	ok := errors.As(err, &f)
+	return f, ok
+}
+
 // Failf builds a Failure.
-func Failf(class FailureClass, code, format string, args ...any) *Failure {
+func Failf(class FailureClass, code FailureCode, format string, args ...any) *Failure {
 	return &Failure{Class: class, Code: code, Message: fmt.Sprintf(format, args...)}
 }

@@ -265,7 +265,7 @@ func TestFetchInputsWritesWholeCheckedFiles(t *testing.T) {
 		ref   job.InputRef
 		lim   Limits
 		class job.FailureClass
-		code  string
+		code  job.FailureCode
 		says  string
 	}{
 		{job.InputRef{Key: "u/missing.bin", SHA256: info.SHA256}, Limits{}, job.ClassRejected, job.CodeInputMissing, "no object u/missing.bin"},

@@ -340,7 +340,9 @@ func (s *scanner) record(r *recordView) error {
 					v, err = s.name()
 					f.Class = job.FailureClass(v)
 				case "code":
-					f.Code, err = s.name()
+					var v string
+					v, err = s.name()
+					f.Code = job.FailureCode(v)
 				case "message":
 					f.Message, err = s.str()
 				default:

@@ -194,7 +194,7 @@ func (c *Console) readDeadLetters(ctx context.Context, last *uint64) error {
 		h := m.Headers()
 		attempts, _ := strconv.Atoi(h.Get(queue.HeaderAttempts))
 		c.dead.add(&deadLetter{JobID: req.ID, Pool: req.Pool, Attempts: attempts, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
-			Failure: job.Failure{Class: job.FailureClass(h.Get(queue.HeaderFailureClass)), Code: h.Get(queue.HeaderFailureCode),
+			Failure: job.Failure{Class: job.FailureClass(h.Get(queue.HeaderFailureClass)), Code: job.FailureCode(h.Get(queue.HeaderFailureCode)),
 				Message: h.Get(queue.HeaderFailureMessage)},
 			Request: viewRequest(req)})
 	}

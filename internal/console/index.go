@@ -161,7 +161,7 @@ func (ix *Index) apply(r *recordView, rev uint64) {
 		if len(msg) > maxMessage {
 			msg = msg[:maxMessage] + "…"
 		}
-		e.failure = &job.Failure{Class: job.FailureClass(ix.intern(string(f.Class))), Code: ix.intern(f.Code), Message: msg}
+		e.failure = &job.Failure{Class: job.FailureClass(ix.intern(string(f.Class))), Code: job.FailureCode(ix.intern(string(f.Code))), Message: msg}
 	}
 	e.cancelReq, e.traceID, e.labels = r.CancelRequested, r.TraceID, r.Labels
 	e.rev, e.gen = rev, ix.gen

@@ -58,7 +58,7 @@ func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
 	h := m.Headers()
 	attempts, _ := strconv.Atoi(h.Get(HeaderAttempts))
 	return &job.DeadLetter{JobID: req.ID, Pool: req.Pool, Attempts: attempts, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
-		Failure: job.Failure{Class: job.FailureClass(h.Get(HeaderFailureClass)), Code: h.Get(HeaderFailureCode),
+		Failure: job.Failure{Class: job.FailureClass(h.Get(HeaderFailureClass)), Code: job.FailureCode(h.Get(HeaderFailureCode)),
 			Message: h.Get(HeaderFailureMessage)},
 		Request: req, Document: m.Data()}, nil
 }

@@ -126,10 +126,10 @@ type situation struct {
 	// its reservation was refused, before anything was written.
 	noCapacity string
 	rec        *job.Record  // the job's record, as last read or written
-	req       *job.Request // the normalized request
-	submitted time.Time    // when the job was submitted; zero if unknown
-	now       time.Time
-	self      string // this worker's id
+	req        *job.Request // the normalized request
+	submitted  time.Time    // when the job was submitted; zero if unknown
+	now        time.Time
+	self       string // this worker's id
 	// ownerRuns: the worker recorded as running the job still holds the
 	// attempt (its capacity lease says so).
 	ownerRuns bool

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ func TestDecide(t *testing.T) {
 	sub := now.Add(-time.Minute)
 	started := now.Add(-30 * time.Second)
 	exit := func(c int) *int { return &c }
-	failed := func(class job.FailureClass, code string, exitCode *int) *executor.Outcome {
+	failed := func(class job.FailureClass, code job.FailureCode, exitCode *int) *executor.Outcome {
 		return &executor.Outcome{Status: executor.StatusOf(&job.Failure{Class: class}), ExitCode: exitCode,
 			Failure: job.Failf(class, code, "it failed"), StartedAt: started, FinishedAt: now}
 	}
@@ -54,6 +55,26 @@ func TestDecide(t *testing.T) {
 			want: action{verb: doRun, attempt: 1},
 		},
 		{
+			name: "a message that is not a request is refused",
+			s:    situation{malformed: errors.New("invalid request: command is missing")},
+			want: action{verb: doRefuse, why: "command is missing"},
+		},
+		{
+			name: "a record that cannot be read leaves the job for later, with nothing written",
+			s:    situation{rec: queued(), req: request(nil), unsettled: errors.New("nats: timeout")},
+			want: action{verb: doLater, attempt: 1, delay: laterDelay, why: "nats: timeout"},
+		},
+		{
+			name: "no capacity for the attempt leaves the job for a worker with room, with nothing written",
+			s:    situation{rec: queued(), req: request(nil), noCapacity: "no capacity for this attempt: needs 4 CPU, 1 left"},
+			want: action{verb: doLater, attempt: 1, delay: misfitDelay, why: "needs 4 CPU"},
+		},
+		{
+			name: "no capacity to adopt an attempt leaves it running for a worker with room",
+			s:    situation{rec: runningOn("w0", 2), req: request(nil), found: running, noCapacity: "all slots are in use"},
+			want: action{verb: doLater, attempt: 3, delay: misfitDelay, why: "all slots"},
+		},
+		{
 			name: "a draining worker hands the job back",
 			s:    situation{rec: queued(), req: request(nil), draining: true},
 			want: action{verb: doRequeue, attempt: 1},
@@ -66,7 +87,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a cancel that raced the delivery finishes the job cancelled",
 			s:    situation{rec: &job.Record{ID: "j", State: job.StateQueued, CancelRequested: true}, req: request(nil)},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusCancelled, job.ClassCancelled, job.CodeCancelled, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
 			},
@@ -75,7 +96,7 @@ func TestDecide(t *testing.T) {
 			name: "a job past its deadline is finished timed out",
 			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(30 * time.Second); r.Deadline = &d }),
 				submitted: sub},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
 			},
@@ -84,7 +105,7 @@ func TestDecide(t *testing.T) {
 			name: "a job queued longer than its queue_timeout is finished timed out",
 			s: situation{rec: queued(), req: request(func(r *job.Request) { d := job.Duration(time.Second); r.QueueTimeout = &d }),
 				submitted: sub},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout)
 			},
@@ -103,7 +124,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a cancel of a job of a paused pool still finishes it",
 			s:    situation{rec: cancelled(queued()), req: request(nil), submitted: sub, paused: true},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusCancelled, job.ClassCancelled, job.CodeCancelled, nil)},
 		},
 		{
 			name: "a job whose not_before has passed runs",
@@ -125,7 +146,7 @@ func TestDecide(t *testing.T) {
 				d, nb := job.Duration(20*time.Second), sub.Add(30*time.Second)
 				r.QueueTimeout, r.NotBefore = &d, &nb
 			}), submitted: sub},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeQueueTimeout)
 			},
@@ -134,7 +155,7 @@ func TestDecide(t *testing.T) {
 			name: "a cancel of a job waiting for its not_before finishes it cancelled",
 			s: situation{rec: cancelled(queued()), req: request(func(r *job.Request) { nb := now.Add(time.Hour); r.NotBefore = &nb }),
 				submitted: sub},
-			want: action{verb: doFinish, attempt: 1, attempts: 0},
+			want: action{verb: doFinish, attempt: 1, attempts: 0, outcome: wantOutcome(job.StatusCancelled, job.ClassCancelled, job.CodeCancelled, nil)},
 		},
 		{
 			name: "queue_timeout does not apply once the job has started",
@@ -145,7 +166,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a lost attempt is recorded and the next one runs at once",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil)},
-			want: action{verb: doRun, attempt: 2, restart: true},
+			want: action{verb: doRun, attempt: 2, restart: true, lost: lostOn(1, "w1")},
 			check: func(t *testing.T, a action) {
 				if len(a.lost) != 1 || a.lost[0].Attempt != 1 || a.lost[0].WorkerID != "w1" || a.lost[0].Failure.Code != job.CodeWorkerLost ||
 					!strings.Contains(a.lost[0].Failure.Message, "w1 stopped responding") {
@@ -176,18 +197,18 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a lost attempt does not use up max_attempts",
 			s:    situation{rec: runningOn("w1", 3), req: request(nil)},
-			want: action{verb: doRun, attempt: 4, restart: true},
+			want: action{verb: doRun, attempt: 4, restart: true, lost: lostOn(3, "w1")},
 		},
 		{
 			name: "lost attempts are run again whatever retry_on says",
 			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{} })},
-			want: action{verb: doRun, attempt: 2, restart: true},
+			want: action{verb: doRun, attempt: 2, restart: true, lost: lostOn(1, "w1")},
 		},
 		{
 			name: "more lost attempts than max_lost fail the job",
 			s: situation{rec: withHistory(runningOn("w4", 4), lostAttempt(1), lostAttempt(2), lostAttempt(3)),
 				req: request(nil)},
-			want: action{verb: doFinish, attempt: 5, attempts: 4},
+			want: action{verb: doFinish, attempt: 5, attempts: 4, outcome: wantOutcome(job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
 				// The lost attempt is the job's last: the result describes
@@ -201,7 +222,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "with max_lost 0 the first lost attempt fails the job",
 			s:    situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { zero := 0; r.Retry.MaxLost = &zero })},
-			want: action{verb: doFinish, attempt: 2, attempts: 1},
+			want: action{verb: doFinish, attempt: 2, attempts: 1, outcome: wantOutcome(job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassInfrastructure, job.CodeWorkerLost)
 			},
@@ -214,7 +235,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a request the executor refuses is rejected",
 			s:    situation{rec: queued(), req: request(nil), refused: errors.New("docker executor cannot run it: no image")},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusFailed, job.ClassRejected, job.CodeInvalid, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusFailed, job.ClassRejected, job.CodeInvalid)
 			},
@@ -223,56 +244,56 @@ func TestDecide(t *testing.T) {
 			name: "a succeeded attempt finishes the job",
 			s: situation{rec: runningOn("w", 1), req: request(nil),
 				outcome: &executor.Outcome{Status: job.StatusSucceeded, ExitCode: exit(0)}},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusSucceeded, "", "", exit(0))},
 		},
 		{
 			name: "a failed attempt with attempts left is retried after the backoff",
 			s: situation{rec: runningOn("w", 1), req: request(nil), now: now,
 				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
-			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second},
+			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second, outcome: wantOutcome(job.StatusFailed, job.ClassExecution, job.CodeExitCode, exit(1))},
 		},
 		{
 			name: "a lost attempt leaves the attempts that failed their budget",
 			s: situation{rec: withHistory(runningOn("w", 3), lostAttempt(1)), req: request(nil), now: now,
 				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
-			want: action{verb: doRetry, attempt: 3, delay: 9 * time.Second},
+			want: action{verb: doRetry, attempt: 3, delay: 9 * time.Second, outcome: wantOutcome(job.StatusFailed, job.ClassExecution, job.CodeExitCode, exit(1))},
 		},
 		{
 			name: "the last attempt's failure is the job's",
 			s: situation{rec: runningOn("w", 3), req: request(nil), now: now,
 				outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
-			want: action{verb: doFinish, attempt: 3, attempts: 3},
+			want: action{verb: doFinish, attempt: 3, attempts: 3, outcome: wantOutcome(job.StatusFailed, job.ClassExecution, job.CodeExitCode, exit(1))},
 		},
 		{
 			name: "a non-retryable exit code is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.NonRetryableExitCodes = []int{2} }),
 				now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(2))},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusFailed, job.ClassExecution, job.CodeExitCode, exit(2))},
 		},
 		{
 			name: "a class not in retry_on is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.RetryOn = []job.FailureClass{job.ClassTimeout} }),
 				now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusFailed, job.ClassExecution, job.CodeExitCode, exit(1))},
 		},
 		{
 			name: "an OOM is retried with more memory",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.OOMMemoryMultiplier = 2 }),
 				now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
-			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second, memory: "512Mi"},
+			want: action{verb: doRetry, attempt: 1, delay: 7 * time.Second, memory: "512Mi", outcome: wantOutcome(job.StatusFailed, job.ClassOOM, job.CodeOOMKilled, exit(137))},
 		},
 		{
 			name: "an OOM at the memory cap is not retried",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) {
 				r.Retry.OOMMemoryMultiplier, r.Retry.MaxMemory = 2, "256Mi"
 			}), now: now, outcome: failed(job.ClassOOM, job.CodeOOMKilled, exit(137))},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusFailed, job.ClassOOM, job.CodeOOMKilled, exit(137))},
 		},
 		{
 			name: "a retry that could not start before the deadline times the job out",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { d := job.Duration(61 * time.Second); r.Deadline = &d }),
 				submitted: sub, now: now, outcome: failed(job.ClassExecution, job.CodeExitCode, exit(1))},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline, exit(1))},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
 			},
@@ -281,7 +302,7 @@ func TestDecide(t *testing.T) {
 			name: "a timeout cut short by the deadline is the deadline's",
 			s: situation{rec: runningOn("w", 1), req: request(func(r *job.Request) { r.Retry.MaxAttempts = 1 }), now: now,
 				outcome: failed(job.ClassTimeout, job.CodeAttemptTimeout, nil), deadlineBound: true},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusTimedOut, job.ClassTimeout, job.CodeDeadline)
 			},
@@ -296,14 +317,14 @@ func TestDecide(t *testing.T) {
 			name: "an attempt that succeeded while the worker drained is kept",
 			s: situation{rec: runningOn("w", 1), req: request(nil), now: now, requeued: true,
 				outcome: &executor.Outcome{Status: job.StatusSucceeded}},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusSucceeded, "", "", nil)},
 		},
 		// Adoption: an attempt whose worker is gone may still run in its
 		// backend.
 		{
 			name: "an orphan whose attempt still runs is adopted, and the attempt count stays",
 			s:    situation{rec: runningOn("w1", 2), req: request(nil), found: running},
-			want: action{verb: doAdopt, attempt: 2},
+			want: action{verb: doAdopt, attempt: 2, found: running},
 			check: func(t *testing.T, a action) {
 				if a.found != running || len(a.lost) != 0 || a.restart {
 					t.Errorf("found %+v, lost %+v, restart %v", a.found, a.lost, a.restart)
@@ -313,17 +334,17 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a worker restarted with the same id adopts its own attempt",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: running},
-			want: action{verb: doAdopt, attempt: 1},
+			want: action{verb: doAdopt, attempt: 1, found: running},
 		},
 		{
 			name: "an attempt that ended while no worker watched is adopted to be settled from its status",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: ended},
-			want: action{verb: doAdopt, attempt: 1},
+			want: action{verb: doAdopt, attempt: 1, found: ended},
 		},
 		{
 			name: "an attempt that is gone is lost, and the next one runs",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: gone},
-			want: action{verb: doRun, attempt: 2, restart: true},
+			want: action{verb: doRun, attempt: 2, restart: true, lost: lostOn(1, "w1")},
 			check: func(t *testing.T, a action) {
 				if len(a.lost) != 1 || !strings.Contains(a.lost[0].Failure.Message, "no Job of attempt 1") {
 					t.Errorf("lost %+v", a.lost)
@@ -333,13 +354,13 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a running orphan is adopted even when it was cancelled meanwhile, to be stopped",
 			s:    situation{rec: cancelled(runningOn("w1", 1)), req: request(nil), found: running},
-			want: action{verb: doAdopt, attempt: 1},
+			want: action{verb: doAdopt, attempt: 1, found: running},
 		},
 		{
 			name: "a running orphan is adopted even past the deadline, to be stopped",
 			s: situation{rec: runningOn("w1", 1), req: request(func(r *job.Request) { d := job.Duration(30 * time.Second); r.Deadline = &d }),
 				submitted: sub, found: running},
-			want: action{verb: doAdopt, attempt: 1},
+			want: action{verb: doAdopt, attempt: 1, found: running},
 		},
 		{
 			name: "a published result concludes rather than adopts",
@@ -366,7 +387,7 @@ func TestDecide(t *testing.T) {
 			name: "an owner that does not come back within the adopt wait loses the attempt",
 			s: situation{rec: awaiting(runningOn("w1", 1), now.Add(-11*time.Minute)), req: request(nil), found: unreachable,
 				adoptWait: 10 * time.Minute, recheck: 30 * time.Second},
-			want: action{verb: doRun, attempt: 2, restart: true},
+			want: action{verb: doRun, attempt: 2, restart: true, lost: lostOn(1, "w1")},
 			check: func(t *testing.T, a action) {
 				if len(a.lost) != 1 || !strings.Contains(a.lost[0].Failure.Message, "did not come back within the adopt wait of 10m0s") {
 					t.Errorf("lost %+v", a.lost)
@@ -376,7 +397,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a cancel while waiting for the owner finishes the job",
 			s:    situation{rec: cancelled(runningOn("w1", 1)), req: request(nil), found: unreachable, adoptWait: 10 * time.Minute},
-			want: action{verb: doFinish, attempt: 2, attempts: 1},
+			want: action{verb: doFinish, attempt: 2, attempts: 1, outcome: wantOutcome(job.StatusCancelled, job.ClassCancelled, job.CodeCancelled, nil)},
 			check: func(t *testing.T, a action) {
 				wantFailure(t, a, job.StatusCancelled, job.ClassCancelled, job.CodeCancelled)
 			},
@@ -391,7 +412,7 @@ func TestDecide(t *testing.T) {
 			name: "an adopted attempt that succeeded finishes the job with its attempt count",
 			s: situation{rec: runningOn("w2", 3), req: request(nil), now: now,
 				outcome: &executor.Outcome{Status: job.StatusSucceeded, ExitCode: exit(0)}},
-			want: action{verb: doFinish, attempt: 3, attempts: 3},
+			want: action{verb: doFinish, attempt: 3, attempts: 3, outcome: wantOutcome(job.StatusSucceeded, "", "", exit(0))},
 		},
 		{
 			name: "a worker that cannot run the request leaves it for one that can",
@@ -407,7 +428,7 @@ func TestDecide(t *testing.T) {
 			name: "a cancelled attempt finishes the job cancelled",
 			s: situation{rec: runningOn("w", 1), req: request(nil), now: now,
 				outcome: &executor.Outcome{Status: job.StatusCancelled, Failure: job.Failf(job.ClassCancelled, job.CodeCancelled, "stop")}},
-			want: action{verb: doFinish, attempt: 1, attempts: 1},
+			want: action{verb: doFinish, attempt: 1, attempts: 1, outcome: wantOutcome(job.StatusCancelled, job.ClassCancelled, job.CodeCancelled, nil)},
 		},
 	}
 	for _, c := range cases {
@@ -418,20 +439,85 @@ func TestDecide(t *testing.T) {
 			}
 			s.retryDelay = func(p *job.RetryPolicy, n int) time.Duration { return time.Duration(n+6) * time.Second }
 			got := decide(&s)
-			if got.verb != c.want.verb || got.attempt != c.want.attempt || got.restart != c.want.restart ||
-				got.delay != c.want.delay || got.memory != c.want.memory || got.result != c.want.result {
-				t.Errorf("decide = %s attempt %d restart %v delay %s memory %q result %v, want %s attempt %d restart %v delay %s memory %q result %v",
-					got.verb, got.attempt, got.restart, got.delay, got.memory, got.result != nil,
-					c.want.verb, c.want.attempt, c.want.restart, c.want.delay, c.want.memory, c.want.result != nil)
+			if g, w := viewOf(got), viewOf(c.want); !reflect.DeepEqual(g, w) {
+				t.Errorf("decide =\n  %+v\nwant\n  %+v", g, w)
 			}
-			if got.verb == doFinish && got.attempts != c.want.attempts {
-				t.Errorf("finish with %d attempts, want %d", got.attempts, c.want.attempts)
+			if c.want.why != "" && !strings.Contains(got.why, c.want.why) {
+				t.Errorf("why %q, want it to say %q", got.why, c.want.why)
+			}
+			switch got.verb {
+			case doLater, doRequeue, doAwaitOwner, doRefuse, doLeaveRunning:
+				if got.why == "" {
+					t.Errorf("%s without a reason", got.verb)
+				}
 			}
 			if c.check != nil {
 				c.check(t, got)
 			}
 		})
 	}
+}
+
+// actionView is all of an action but the texts meant for people (its why,
+// and the messages of failures), which the cases check where they matter.
+type actionView struct {
+	Verb     verb
+	Attempt  int
+	Attempts int
+	Lost     []attemptView
+	Restart  bool
+	Outcome  outcomeView
+	Result   *job.Result
+	Delay    time.Duration
+	Memory   string
+	Found    *executor.Found
+}
+
+type attemptView struct {
+	Attempt  int
+	WorkerID string
+	Class    job.FailureClass
+	Code     job.FailureCode
+}
+
+type outcomeView struct {
+	Status   job.Status
+	Class    job.FailureClass
+	Code     job.FailureCode
+	ExitCode *int
+}
+
+func viewOf(a action) actionView {
+	v := actionView{Verb: a.verb, Attempt: a.attempt, Attempts: a.attempts, Restart: a.restart, Result: a.result,
+		Delay: a.delay, Memory: a.memory, Found: a.found}
+	for _, l := range a.lost {
+		av := attemptView{Attempt: l.Attempt, WorkerID: l.WorkerID}
+		if l.Failure != nil {
+			av.Class, av.Code = l.Failure.Class, l.Failure.Code
+		}
+		v.Lost = append(v.Lost, av)
+	}
+	if o := a.outcome; o != nil {
+		v.Outcome = outcomeView{Status: o.Status, ExitCode: o.ExitCode}
+		if o.Failure != nil {
+			v.Outcome.Class, v.Outcome.Code = o.Failure.Class, o.Failure.Code
+		}
+	}
+	return v
+}
+
+// wantOutcome is the outcome a case expects, for the comparison of viewOf.
+func wantOutcome(status job.Status, class job.FailureClass, code job.FailureCode, exitCode *int) *executor.Outcome {
+	o := &executor.Outcome{Status: status, ExitCode: exitCode}
+	if class != "" {
+		o.Failure = &job.Failure{Class: class, Code: code}
+	}
+	return o
+}
+
+// lostOn is a lost attempt a case expects.
+func lostOn(n int, worker string) []job.Attempt {
+	return []job.Attempt{{Attempt: n, WorkerID: worker, Failure: &job.Failure{Class: job.ClassInfrastructure, Code: job.CodeWorkerLost}}}
 }
 
 func withHistory(r *job.Record, h ...job.Attempt) *job.Record {
@@ -443,7 +529,7 @@ func lostAttempt(n int) job.Attempt {
 	return job.Attempt{Attempt: n, Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost, "lost")}
 }
 
-func wantFailure(t *testing.T, a action, status job.Status, class job.FailureClass, code string) {
+func wantFailure(t *testing.T, a action, status job.Status, class job.FailureClass, code job.FailureCode) {
 	t.Helper()
 	if a.outcome == nil || a.outcome.Status != status || a.outcome.Failure == nil ||
 		a.outcome.Failure.Class != class || a.outcome.Failure.Code != code {

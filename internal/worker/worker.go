@@ -197,8 +197,8 @@ type Worker struct {
 	// journal reads and writes the jobs' records, events and results.
 	journal journal
 	cons    jetstream.Consumer
-	cubs  *nats.Subscription
-	m     metrics
+	cubs    *nats.Subscription
+	m       metrics
 
 	pullCtx  context.Context
 	stopPull context.CancelFunc

@@ -74,7 +74,7 @@ func TestCollectReadsDeclaredOutputsWithinLimits(t *testing.T) {
 	for _, tc := range []struct {
 		names []string
 		limit int64
-		code  string
+		code  job.FailureCode
 	}{
 		{[]string{"a.txt", "missing.txt"}, 0, job.CodeOutputMissing},
 		{[]string{"big"}, 50, job.CodeOutputLarge},
@@ -159,7 +159,7 @@ func TestCollectToStoresWhatDoesNotFit(t *testing.T) {
 		names []string
 		store *memStore
 		class job.FailureClass
-		code  string
+		code  job.FailureCode
 	}{
 		{[]string{"a.txt", "missing"}, &memStore{}, job.ClassExecution, job.CodeOutputMissing},
 		{[]string{"link"}, &memStore{}, job.ClassExecution, job.CodeOutputMissing},

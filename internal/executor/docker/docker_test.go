@@ -214,7 +214,7 @@ func TestImageFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name, image string
 		policy      job.PullPolicy
-		code        string
+		code        job.FailureCode
 		message     []string
 	}{
 		// Nothing listens on port 1: the pull fails at once.

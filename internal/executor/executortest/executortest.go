@@ -430,7 +430,7 @@ func nothingLeft(t *testing.T, inst *Instance, within time.Duration) {
 
 // wantFailure checks an outcome's status and failure, and its message
 // against the backend's Messages.
-func (s *suite) wantFailure(t *testing.T, out *executor.Outcome, status job.Status, class job.FailureClass, code string) {
+func (s *suite) wantFailure(t *testing.T, out *executor.Outcome, status job.Status, class job.FailureClass, code job.FailureCode) {
 	t.Helper()
 	if out.Status != status || out.Failure == nil || out.Failure.Class != class || out.Failure.Code != code {
 		t.Fatalf("got %s, want %s %s/%s", describe(out), status, class, code)

@@ -159,7 +159,7 @@ func await(t *testing.T, done <-chan result) *executor.Outcome {
 func describe(out *executor.Outcome) string {
 	s := string(out.Status)
 	if out.Failure != nil {
-		s += " " + string(out.Failure.Class) + "/" + out.Failure.Code
+		s += " " + string(out.Failure.Class) + "/" + string(out.Failure.Code)
 	}
 	if out.ExitCode != nil {
 		s += fmt.Sprintf(" exit %d", *out.ExitCode)

@@ -67,7 +67,7 @@ func podFailure(pod *corev1.Pod) *verdict {
 	if pod == nil {
 		return nil
 	}
-	failed := func(class job.FailureClass, code, reason string, exitCode *int, format string, args ...any) *verdict {
+	failed := func(class job.FailureClass, code job.FailureCode, reason string, exitCode *int, format string, args ...any) *verdict {
 		return &verdict{status: job.StatusFailed, exitCode: exitCode, phase: "Failed", reason: reason,
 			failure: job.Failf(class, code, format, args...)}
 	}

@@ -168,7 +168,7 @@ func TestStuckVerdict(t *testing.T) {
 	} {
 		v := stuckVerdict(observe(tc.pod), tc.waited)
 		equal(t, "status", v.status, job.StatusFailed)
-		equal(t, "failure", string(v.failure.Class)+"/"+v.failure.Code, tc.want)
+		equal(t, "failure", string(v.failure.Class)+"/"+string(v.failure.Code), tc.want)
 		equal(t, "message", v.failure.Message, tc.message)
 	}
 }
