@@ -20,11 +20,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -200,8 +202,9 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 		return nil, fmt.Errorf("await result of %s: %w", id, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
+	// Between reads, a backoff up to two seconds: a result is usually
+	// heard long before that.
+	wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
 	var heard *nats.Msg
 	for {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -218,9 +221,13 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 		case err != nil && !retryable(ctx, err):
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}
+		next := wait.NextBackOff()
+		if next == backoff.Stop {
+			return nil, ctx.Err()
+		}
 		select {
 		case heard = <-published:
-		case <-tick.C:
+		case <-time.After(next):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -115,3 +115,18 @@ func parseSimpleQuantity(q string, unit int64) (int64, bool) {
 	}
 	return n * scale * unit, true
 }
+
+// FormatSize writes a size for people, in binary units with one decimal:
+// "512 B", "1.5 MiB". sep goes between the number and the unit.
+func FormatSize(n int64, sep string) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d%sB", n, sep)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%s%ciB", float64(n)/float64(div), sep, "KMGTPE"[exp])
+}

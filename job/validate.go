@@ -2,8 +2,9 @@ package job
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -133,7 +134,7 @@ func (r *Request) Validate(l Limits) error {
 		v.add("env", "has %d entries, over the limit of %d", len(r.Env), l.MaxEnv)
 	}
 	n = 0
-	for _, k := range sortedKeys(r.Env) {
+	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
 		n += len(k) + len(r.Env[k])
 		switch {
 		case !envKeyRE.MatchString(k) || len(k) > 256:
@@ -200,7 +201,7 @@ func (r *Request) Validate(l Limits) error {
 		if len(p.NodeSelector) > MaxNodeSelector {
 			v.add("placement.node_selector", "has %d entries, over the limit of %d", len(p.NodeSelector), MaxNodeSelector)
 		}
-		for _, k := range sortedKeys(p.NodeSelector) {
+		for _, k := range slices.Sorted(maps.Keys(p.NodeSelector)) {
 			if err := ValidateLabel(k, p.NodeSelector[k]); err != nil {
 				v.add("placement.node_selector", "%v", err)
 			}
@@ -258,7 +259,7 @@ func (r *Request) Validate(l Limits) error {
 		v.add("inputs", "has %d files, over the limit of %d", len(r.Inputs), l.MaxInputs)
 	}
 	n = 0
-	for _, name := range sortedKeys(r.Inputs) {
+	for _, name := range slices.Sorted(maps.Keys(r.Inputs)) {
 		n += len(r.Inputs[name])
 		if !ValidFileName(name) {
 			v.add("inputs", "name %q must be a relative path of [A-Za-z0-9_.-] segments", truncate(name, 40))
@@ -285,7 +286,7 @@ func (r *Request) Validate(l Limits) error {
 	if len(r.Labels) > l.MaxLabels {
 		v.add("labels", "has %d entries, over the limit of %d", len(r.Labels), l.MaxLabels)
 	}
-	for _, k := range sortedKeys(r.Labels) {
+	for _, k := range slices.Sorted(maps.Keys(r.Labels)) {
 		if err := ValidateLabel(k, r.Labels[k]); err != nil {
 			v.add("labels", "%v", err)
 		}
@@ -339,13 +340,4 @@ func (v *validator) err() error {
 		return nil
 	}
 	return &ValidationError{Problems: v.problems}
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -227,13 +227,7 @@ func run(args []string) error {
 	var cons *console.Console
 	if f.console {
 		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Submit: d.Submit,
-			Lag: func() map[string]console.QueueLag {
-				out := map[string]console.QueueLag{}
-				for pool, l := range d.Lag() {
-					out[pool] = console.QueueLag{Pending: l.Pending, InFlight: l.InFlight}
-				}
-				return out
-			},
+			Lag:     d.Lag,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}
 		if auth != nil {

@@ -136,19 +136,8 @@ func usageColumns(u *job.Usage) (cpu, mem, net, blk, pids string) {
 	return
 }
 
-// bytesOf writes a size in binary units, one decimal.
-func bytesOf(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%dB", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(b)/float64(div), "KMGTPE"[exp])
-}
+// bytesOf writes a size in binary units, one decimal, as the table does.
+func bytesOf(b int64) string { return job.FormatSize(b, "") }
 
 // attemptUsage finds what a running attempt uses in its pool's heartbeats;
 // nil when the API cannot be reached or no worker reports it.

@@ -34,6 +34,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/executor/kube"
 	"github.com/fleet-dev/fleet/internal/executor/noop"
 	"github.com/fleet-dev/fleet/internal/executor/process"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/internal/version"
@@ -176,11 +177,31 @@ func run(args []string) error {
 	if f.id == "" {
 		f.id = worker.Config{}.WithDefaults().ID
 	}
+	// What the worker runs starts in order and stops in reverse: the
+	// metrics server first, then the worker (draining for up to
+	// --drain-timeout, less if a second signal comes), the ledger, NATS and
+	// the executor's connection last.
+	var running lifecycle.Group
+	defer func() {
+		sctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-second:
+				log.Warn("second signal: requeueing running jobs now")
+				cancel()
+			case <-sctx.Done():
+			}
+		}()
+		if err := running.Stop(sctx); err != nil {
+			log.Warn("stopping", "err", err)
+		}
+	}()
 	exec, closeExec, err := newExecutor(ctx, &f, log)
 	if err != nil {
 		return err
 	}
-	defer closeExec()
+	_ = running.Start(ctx, "the executor", lifecycle.Closer(func() error { closeExec(); return nil }))
 	cc, err := f.nats.Config("fleet-worker", log)
 	if err != nil {
 		return err
@@ -189,7 +210,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	_ = running.Start(ctx, "the NATS connection", lifecycle.Closer(nc.Drain))
 
 	if _, adopts := exec.(executor.Adopter); f.handoff && !adopts {
 		return fmt.Errorf("--handoff: the %s executor's attempts cannot outlive the worker; it drains instead", f.executor)
@@ -227,7 +248,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		defer caps.Close()
+		_ = running.Start(ctx, "the Redis connection", lifecycle.Closer(caps.Close))
 		led = ledger.New(caps, lc)
 		cfg.Capacity = led
 	}
@@ -236,7 +257,7 @@ func run(args []string) error {
 	}
 	if led != nil {
 		setup, cancel := context.WithTimeout(ctx, time.Minute)
-		err := led.Start(setup)
+		err := running.Start(setup, "the capacity ledger", lifecycle.StopWithin(led, 3*time.Second))
 		cancel()
 		if err != nil {
 			return err
@@ -245,7 +266,7 @@ func run(args []string) error {
 	// Start waits for as long as it takes a dispatcher to create the
 	// streams and the NATS cluster to elect its leaders, logging why; a
 	// signal ends the wait.
-	if err := w.Start(ctx); err != nil {
+	if err := running.Start(ctx, "the worker", lifecycle.StopWithin(w, f.drainTimeout)); err != nil {
 		if ctx.Err() != nil {
 			log.Info("stopped while starting", "err", err)
 			return nil
@@ -273,26 +294,10 @@ func run(args []string) error {
 		}
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
+		_ = running.Start(ctx, "the metrics server", lifecycle.Closer(srv.Close))
 	}
 
 	<-ctx.Done()
-	dctx, dcancel := context.WithTimeout(context.Background(), f.drainTimeout)
-	defer dcancel()
-	go func() {
-		<-second
-		log.Warn("second signal: handing back running jobs now")
-		dcancel()
-	}()
-	_ = w.Stop(dctx)
-	if led != nil {
-		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if err := led.Stop(rctx); err != nil {
-			log.Warn("stop", "err", err)
-		}
-		rcancel()
-	}
-	_ = nc.Drain()
 	return nil
 }
 

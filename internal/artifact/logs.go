@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -142,8 +143,7 @@ type LogWriter struct {
 	closed    bool
 	started   bool
 	chunks    chan []byte
-	ticker    *time.Ticker
-	stopTick  chan struct{}
+	stopTick  context.CancelFunc
 	done      chan struct{}
 
 	// Set by the publisher, read after done is closed.
@@ -231,23 +231,16 @@ func (w *LogWriter) start() {
 	w.buf = make([]byte, 0, w.s.cfg.ChunkSize+4<<10)
 	w.chunks = make(chan []byte, 4)
 	w.done = make(chan struct{})
-	w.stopTick = make(chan struct{})
-	w.ticker = time.NewTicker(LogFlush)
+	var tick context.Context
+	tick, w.stopTick = context.WithCancel(context.Background())
 	go w.publish()
-	go func() {
-		for {
-			select {
-			case <-w.stopTick:
-				return
-			case <-w.ticker.C:
-				w.mu.Lock()
-				if !w.closed {
-					w.flush()
-				}
-				w.mu.Unlock()
-			}
+	go lifecycle.Tick(tick, LogFlush, func(context.Context) {
+		w.mu.Lock()
+		if !w.closed {
+			w.flush()
 		}
-	}()
+		w.mu.Unlock()
+	})
 }
 
 // publish stores the chunks one at a time, in order: a chunk is sent
@@ -291,8 +284,7 @@ func (w *LogWriter) Close(ctx context.Context) (*LogSummary, error) {
 	if started {
 		w.flush()
 		close(w.chunks)
-		close(w.stopTick)
-		w.ticker.Stop()
+		w.stopTick()
 	}
 	sum := &LogSummary{Key: w.key, Lines: w.lines, DroppedLines: w.dropped, Truncated: w.truncated, Limit: w.limit}
 	w.mu.Unlock()
@@ -329,8 +321,7 @@ func (w *LogWriter) Abort(ctx context.Context) error {
 	if started {
 		w.buf = nil
 		close(w.chunks)
-		close(w.stopTick)
-		w.ticker.Stop()
+		w.stopTick()
 	}
 	w.mu.Unlock()
 	if !started {

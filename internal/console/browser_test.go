@@ -53,13 +53,7 @@ func startSite(t *testing.T, o siteOptions) *site {
 	t.Helper()
 	s := &site{f: fleettest.Start(t), workDir: t.TempDir()}
 	d := s.f.Dispatcher
-	lag := func() map[string]console.QueueLag {
-		out := map[string]console.QueueLag{}
-		for pool, l := range d.Lag() {
-			out[pool] = console.QueueLag{Pending: l.Pending, InFlight: l.InFlight}
-		}
-		return out
-	}
+	lag := d.Lag
 	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit, Lag: lag, ReadOnly: o.readOnly,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}

@@ -31,16 +31,11 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
-
-// QueueLag is a pool's consumer lag.
-type QueueLag struct {
-	Pending  uint64
-	InFlight int
-}
 
 // Config configures a Console.
 type Config struct {
@@ -55,7 +50,7 @@ type Config struct {
 	// retries of dead letters.
 	Submit func(ctx context.Context, data []byte) (*job.SubmitReply, error)
 	// Lag returns each pool's consumer lag. Optional.
-	Lag func() map[string]QueueLag
+	Lag func() map[string]queue.Lag
 	// Auth decides who may use the console; nil leaves it open, which the
 	// dispatcher allows only on loopback.
 	Auth Auth
@@ -91,8 +86,9 @@ type Console struct {
 	pages *pages
 	m     consoleMetrics
 
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	// background holds the feeds of the index, the workers and the dead
+	// letters.
+	background lifecycle.Group
 
 	closing   chan struct{} // closed when open streams must end
 	closeOnce sync.Once
@@ -135,13 +131,22 @@ func (c *Console) Start(ctx context.Context) error {
 		return fmt.Errorf("console: %w", err)
 	}
 	c.store = store
-	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.stop = cancel
-	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.follow(run) }()
-	go func() { defer c.wg.Done(); c.sweep(run) }()
-	go func() { defer c.wg.Done(); c.work.run(run) }()
-	go func() { defer c.wg.Done(); c.followDeadLetters(run) }()
+	feeds := []struct {
+		name string
+		svc  lifecycle.Service
+	}{
+		{"the index's feed", feed(func(ctx context.Context) {
+			lifecycle.Again(ctx, c.log, "following the jobs bucket", time.Second, 10*time.Second, c.watch)
+		})},
+		{"the index's sweep", &lifecycle.Every{Interval: time.Minute, Fn: func(context.Context) { c.index.Sweep(time.Now()) }, Later: true}},
+		{"the workers' feed", c.work.service()},
+		{"the dead letters' feed", feed(c.followDeadLetters)},
+	}
+	for _, f := range feeds {
+		if err := c.background.Start(ctx, f.name, f.svc); err != nil {
+			return fmt.Errorf("console: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -153,34 +158,31 @@ func (c *Console) EndStreams() { c.closeOnce.Do(func() { close(c.closing) }) }
 // Stop stops following the fleet; open pages' streams end.
 func (c *Console) Stop(ctx context.Context) error {
 	c.EndStreams()
-	if c.stop != nil {
-		c.stop()
-	}
 	c.m.unregister()
-	done := make(chan struct{})
-	go func() { c.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stop console: %w", ctx.Err())
+	if err := c.background.Stop(ctx); err != nil {
+		return fmt.Errorf("stop console: %w", err)
 	}
+	return nil
 }
 
-// follow feeds the index from the jobs bucket's stream: every key's latest
-// record first, then every write. When the feed fails (NATS went away),
-// it starts again and the replay corrects the index.
-func (c *Console) follow(ctx context.Context) {
-	for ctx.Err() == nil {
-		if err := c.watch(ctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("following the jobs bucket; starting again", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+// feed is a Service running fn until Stop.
+func feed(fn func(context.Context)) lifecycle.Service {
+	r := &feedRunner{fn: fn}
+	return r
 }
+
+type feedRunner struct {
+	lifecycle.Runner
+	fn func(context.Context)
+}
+
+func (f *feedRunner) Start(ctx context.Context) error {
+	return f.Go(ctx, func(ctx context.Context) error { f.fn(ctx); return nil })
+}
+
+// The index is fed from the jobs bucket's stream (watch): every key's
+// latest record first, then every write. When the feed fails (NATS went
+// away), it starts again and the replay corrects the index.
 
 // watch reads the bucket's stream with an ordered consumer that pulls up
 // to a thousand records at a time. One goroutine receives them; the
@@ -303,20 +305,6 @@ func (c *Console) watch(ctx context.Context) error {
 			ready()
 		} else if replaying.Load() {
 			quiet.Reset(2 * time.Second)
-		}
-	}
-}
-
-// sweep forgets expired jobs once a minute.
-func (c *Console) sweep(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			c.index.Sweep(now)
 		}
 	}
 }

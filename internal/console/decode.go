@@ -18,8 +18,12 @@ import (
 func decodeRecord(data []byte, r *recordView, in *interner) error {
 	s := scanner{b: data, in: in}
 	if err := s.record(r); err != nil {
-		*r = recordView{}
-		return json.Unmarshal(data, r)
+		var rec job.Record
+		if err := json.Unmarshal(data, &rec); err != nil {
+			*r = recordView{}
+			return err
+		}
+		*r = viewOf(&rec)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,8 +11,9 @@ import (
 )
 
 // FuzzDecodeRecord checks the index's record scanner against
-// encoding/json: whatever document encoding/json reads, the scanner reads
-// the same fields. (On a document encoding/json refuses, the scanner may
+// encoding/json decoding the contract's own type, job.Record: whatever
+// document encoding/json reads, the scanner reads the same fields, so a
+// field renamed in package job fails here. (On a document encoding/json refuses, the scanner may
 // still read what it needs: the bucket holds only the fleet's records.)
 func FuzzDecodeRecord(f *testing.F) {
 	now := time.Date(2026, 5, 1, 12, 0, 0, 123456789, time.UTC)
@@ -28,8 +30,9 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte(`{"id":"a","submitted_at":"not a time"}`))
 	f.Add([]byte(`{"id":"a"`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var want recordView
-		werr := json.Unmarshal(data, &want)
+		var rec job.Record
+		werr := json.Unmarshal(data, &rec)
+		want := viewOf(&rec)
 		var got recordView
 		gerr := decodeRecord(data, &got, &interner{})
 		if werr != nil {
@@ -53,4 +56,21 @@ func normal(r recordView) recordView {
 		r.Labels = nil
 	}
 	return r
+}
+
+// TestScannerKeysAreTheRecordsOwn: every key the scanner knows is the JSON
+// name of a field of job.Record or job.Failure.
+func TestScannerKeysAreTheRecordsOwn(t *testing.T) {
+	names := map[string]bool{}
+	for _, typ := range []reflect.Type{reflect.TypeOf(job.Record{}), reflect.TypeOf(job.Failure{})} {
+		for i := range typ.NumField() {
+			name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			names[name] = true
+		}
+	}
+	for _, k := range recordKeys {
+		if !names[string(k)] {
+			t.Errorf("the scanner reads %q, which job.Record does not have", k)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -34,22 +35,17 @@ type workers struct {
 	version uint64
 }
 
-func (w *workers) run(ctx context.Context) {
+// service reads the workers every interval until stopped; without Redis,
+// it does nothing.
+func (w *workers) service() lifecycle.Service {
 	if w.caps == nil {
-		return
+		return lifecycle.Func{}
 	}
-	t := time.NewTicker(w.every)
-	defer t.Stop()
 	n := 0
-	for {
+	return lifecycle.NewEvery(w.every, func(ctx context.Context) {
 		w.refresh(ctx, n%4 == 0) // the lost workers change rarely: every fourth round
 		n++
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 func (w *workers) refresh(ctx context.Context, withLost bool) {
@@ -146,16 +142,8 @@ func (d *deadLetters) find(id string) *deadLetter {
 // follows it.
 func (c *Console) followDeadLetters(ctx context.Context) {
 	var last uint64
-	for ctx.Err() == nil {
-		err := c.readDeadLetters(ctx, &last)
-		if err != nil && ctx.Err() == nil {
-			c.log.Warn("following the dead letters; starting again", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	lifecycle.Again(ctx, c.log, "following the dead letters", time.Second, 10*time.Second,
+		func(ctx context.Context) error { return c.readDeadLetters(ctx, &last) })
 }
 
 func (c *Console) readDeadLetters(ctx context.Context, last *uint64) error {

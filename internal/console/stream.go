@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 )
 
 // Rates a page may ask its updates at.
@@ -89,49 +91,61 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 	c.m.streams.Add(ctx, 1)
 	defer c.m.streams.Add(context.WithoutCancel(ctx), -1)
 
-	// The first update comes at once: the page was drawn before the stream
-	// opened, and may be a moment old.
-	t := time.NewTicker(every)
-	defer t.Stop()
+	// The stream ends with the request, or when the console ends its
+	// streams (a graceful shutdown).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	last, sent := ^uint64(0), time.Time{}
 	refresh := max(5*time.Second, every) // ages move even when nothing else does
 	var buf bytes.Buffer
-	for {
+	// step sends what changed; false ends the stream.
+	step := func(ctx context.Context) bool {
 		now := time.Now()
 		ver := changed()
 		if ver != last || now.Sub(sent) >= refresh {
 			vw := c.newView(name, "", v)
 			if err := build(ctx, r, vw); err != nil {
 				if ctx.Err() != nil {
-					return
+					return false
 				}
 				c.log.Debug("console stream", "page", name, "err", err)
-			} else {
-				buf.Reset()
-				if err := c.pages.render(&buf, name, vw); err != nil {
-					c.log.Error("console stream page", "page", name, "err", err)
-					return
-				}
-				if err := c.send(rc, w, "page", buf.Bytes(), every); err != nil {
-					return
-				}
-				last, sent = ver, now
+				return true
 			}
+			buf.Reset()
+			if err := c.pages.render(&buf, name, vw); err != nil {
+				c.log.Error("console stream page", "page", name, "err", err)
+				return false
+			}
+			if err := c.send(rc, w, "page", buf.Bytes(), every); err != nil {
+				return false
+			}
+			last, sent = ver, now
 		} else if now.Sub(sent) >= 15*time.Second {
 			_ = rc.SetWriteDeadline(time.Now().Add(every + 10*time.Second))
 			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil || rc.Flush() != nil {
-				return
+				return false
 			}
 			sent = now
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.closing:
-			return
-		case <-t.C:
-		}
+		return true
 	}
+	// The first update comes at once: the page was drawn before the stream
+	// opened, and may be a moment old.
+	if !step(ctx) {
+		return
+	}
+	lifecycle.Tick(ctx, every, func(ctx context.Context) {
+		if !step(ctx) {
+			cancel()
+		}
+	})
 }
 
 // send writes one event, its data split in lines as the format wants.

@@ -9,8 +9,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
 )
 
 // lag keeps, per pool, the jobs waiting in the pool's consumer and those
@@ -48,20 +50,13 @@ func (d *Dispatcher) lagGauges() func() {
 	return func() { _ = reg.Unregister() }
 }
 
-// QueueLag is a pool's consumer lag: jobs waiting in its queue, not yet
-// delivered, and jobs delivered to its workers and not finished.
-type QueueLag struct {
-	Pending  uint64 `json:"pending"`
-	InFlight int    `json:"in_flight"`
-}
-
 // Lag returns each pool's consumer lag, as last read (every lagEvery).
-func (d *Dispatcher) Lag() map[string]QueueLag {
+func (d *Dispatcher) Lag() map[string]queue.Lag {
 	d.lag.mu.Lock()
 	defer d.lag.mu.Unlock()
-	out := make(map[string]QueueLag, len(d.lag.pending))
+	out := make(map[string]queue.Lag, len(d.lag.pending))
 	for pool, n := range d.lag.pending {
-		out[pool] = QueueLag{Pending: n, InFlight: d.lag.inFlight[pool]}
+		out[pool] = queue.Lag{Pending: n, InFlight: d.lag.inFlight[pool]}
 	}
 	return out
 }

@@ -1,13 +1,15 @@
 package embedded
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 )
 
 // Redis is an in-process Redis-protocol store (miniredis) for a
@@ -15,9 +17,8 @@ import (
 // data lives in memory: heartbeats and leases are rebuilt by the workers
 // within one heartbeat after a restart.
 type Redis struct {
-	m    *miniredis.Miniredis
-	stop chan struct{}
-	wg   sync.WaitGroup
+	m     *miniredis.Miniredis
+	clock lifecycle.Runner // moves miniredis' clock on
 }
 
 // StartRedis serves the Redis protocol at the address of url
@@ -41,25 +42,18 @@ func StartRedis(rawURL string) (*Redis, error) {
 	if err := m.StartAddr(fmt.Sprintf("%s:%d", host, port)); err != nil {
 		return nil, fmt.Errorf("redis-protocol store on %s:%d: %w", host, port, err)
 	}
-	r := &Redis{m: m, stop: make(chan struct{})}
+	r := &Redis{m: m}
 	// miniredis expires keys only when told that time passed.
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		last := time.Now()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-r.stop:
-				return
-			case now := <-t.C:
-				m.FastForward(now.Sub(last))
-				m.SetTime(now)
-				last = now
-			}
-		}
-	}()
+	last := time.Now()
+	_ = r.clock.Go(context.Background(), func(ctx context.Context) error {
+		lifecycle.Tick(ctx, 100*time.Millisecond, func(context.Context) {
+			now := time.Now()
+			m.FastForward(now.Sub(last))
+			m.SetTime(now)
+			last = now
+		})
+		return nil
+	})
 	return r, nil
 }
 
@@ -68,7 +62,6 @@ func (r *Redis) Addr() string { return r.m.Addr() }
 
 // Close stops it.
 func (r *Redis) Close() {
-	close(r.stop)
-	r.wg.Wait()
+	_ = r.clock.Stop(context.Background())
 	r.m.Close()
 }

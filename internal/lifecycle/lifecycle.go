@@ -122,11 +122,12 @@ func (r *Runner) Err() error {
 }
 
 // Every is a Service that runs Fn at once, then every Interval, until
-// Stop.
+// Stop. With Later set, the first run comes after one Interval.
 type Every struct {
 	Runner
 	Interval time.Duration
 	Fn       func(context.Context)
+	Later    bool
 }
 
 // NewEvery returns an Every; Start starts it.
@@ -137,7 +138,9 @@ func NewEvery(interval time.Duration, fn func(context.Context)) *Every {
 // Start runs Fn at once, then every Interval, in the background.
 func (e *Every) Start(ctx context.Context) error {
 	return e.Go(ctx, func(ctx context.Context) error {
-		e.Fn(ctx)
+		if !e.Later {
+			e.Fn(ctx)
+		}
 		Tick(ctx, e.Interval, e.Fn)
 		return nil
 	})
@@ -196,6 +199,16 @@ func (f Func) Stop(ctx context.Context) error {
 		return nil
 	}
 	return f.StopFunc(ctx)
+}
+
+// StopWithin bounds svc's Stop to d: its context ends after d, or when the
+// context Stop is given ends, whichever comes first.
+func StopWithin(svc Service, d time.Duration) Service {
+	return Func{StartFunc: svc.Start, StopFunc: func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return svc.Stop(ctx)
+	}}
 }
 
 // Closer is a Service whose Stop closes something, such as a connection,

@@ -37,3 +37,36 @@ func Retry(log *slog.Logger, what string, b backoff.BackOff, op func() error) er
 		log.Debug(what+" failed again", "err", err, "tries", tries, "in", wait.Round(time.Millisecond))
 	})
 }
+
+// Again runs fn until ctx ends, and again each time it returns (a feed that
+// broke off, a connection lost), waiting between runs from first up to
+// max; a run that lasted longer than max starts the wait over. A run that
+// ends with an error is logged: the first of a series at warn level, the
+// rest at debug.
+func Again(ctx context.Context, log *slog.Logger, what string, first, max time.Duration, fn func(context.Context) error) {
+	b := Backoff(ctx, first, max)
+	failures := 0
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := fn(ctx)
+		if time.Since(began) > max {
+			b.Reset()
+			failures = 0
+		}
+		wait := b.NextBackOff()
+		if err != nil && ctx.Err() == nil {
+			if failures++; failures == 1 {
+				log.Warn(what+" stopped; starting again", "err", err, "in", wait.Round(time.Millisecond))
+			} else {
+				log.Debug(what+" stopped again", "err", err, "failures", failures, "in", wait.Round(time.Millisecond))
+			}
+		}
+		if wait == backoff.Stop {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}

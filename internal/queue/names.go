@@ -7,6 +7,13 @@ import (
 	"strings"
 )
 
+// Lag is a pool's consumer lag: jobs waiting in its queue, not yet
+// delivered, and jobs delivered to its workers and not finished.
+type Lag struct {
+	Pending  uint64 `json:"pending"`
+	InFlight int    `json:"in_flight"`
+}
+
 // Names derives every subject, stream, consumer and bucket name from the
 // subject prefix, so that several fleets can share one NATS account.
 // For the prefix "fleet":

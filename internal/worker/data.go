@@ -39,23 +39,9 @@ func (d *delivery) dropData(ctx context.Context) {
 	}
 }
 
-// sweepData removes, every DataSweep until the worker stops, the data
-// directories of jobs that have ended, have no record any more, or are
-// older than DataRetention.
-func (w *Worker) sweepData(k executor.DataKeeper) {
-	defer w.background.Done()
-	t := time.NewTicker(w.cfg.DataSweep)
-	defer t.Stop()
-	for {
-		w.sweepOnce(w.runCtx, k)
-		select {
-		case <-w.runCtx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
+// sweepOnce removes the data directories of jobs that have ended, have no
+// record any more, or are older than DataRetention; the worker runs it
+// every DataSweep.
 func (w *Worker) sweepOnce(ctx context.Context, k executor.DataKeeper) {
 	dirs, err := k.Data(ctx)
 	if err != nil {

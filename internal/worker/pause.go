@@ -12,7 +12,8 @@ import (
 // start no attempt, and the jobs that arrive wait in the pool's stream.
 // Each worker reads the pool's entry in the pools bucket every PausePoll;
 // while the pool is paused its pull loop asks for nothing, and a delivery
-// it had already taken is given back at once, without being counted.
+// it had already taken is given back, without being counted, to come back
+// after pausedRecheck.
 
 // pausedRecheck is how long a job delivered while its pool is paused is
 // left before a worker looks at it again.
@@ -61,21 +62,6 @@ func (p *pauseState) waitResumed(ctx context.Context) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	}
-}
-
-// watchPause reads the pool's state every PausePoll until ctx ends.
-func (w *Worker) watchPause(ctx context.Context) {
-	defer w.background.Done()
-	t := time.NewTicker(w.cfg.PausePoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			w.readPause(ctx)
-		}
 	}
 }
 

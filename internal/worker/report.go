@@ -1,10 +1,12 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -14,39 +16,32 @@ import (
 // progress tells JetStream the attempt is alive, and publishes heartbeat
 // events, until the returned function is called.
 func (d *delivery) progress() (stop func()) {
-	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
+	nextUsage := time.Now().Add(d.w.cfg.UsageInterval)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(d.w.cfg.Progress)
-		defer t.Stop()
-		nextUsage := time.Now().Add(d.w.cfg.UsageInterval)
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if err := d.msg.InProgress(); err != nil {
-					d.log.Warn("progress ack failed", "err", err)
-				}
-				seq := d.nextHeartbeat()
-				// Every UsageInterval the heartbeat carries what the
-				// attempt uses, when the executor can read it.
-				var u *job.Usage
-				if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(nextUsage) {
-					nextUsage = now.Add(d.w.cfg.UsageInterval)
-					u = d.w.cfg.Usage.Of(d.ctx, d.id, d.n)
-				}
-				if u == nil {
-					d.eventSeq(job.EventHeartbeat, seq, nil)
-					continue
-				}
-				d.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
+		lifecycle.Tick(ctx, d.w.cfg.Progress, func(context.Context) {
+			if err := d.msg.InProgress(); err != nil {
+				d.log.Warn("progress ack failed", "err", err)
 			}
-		}
+			seq := d.nextHeartbeat()
+			// Every UsageInterval the heartbeat carries what the attempt
+			// uses, when the executor can read it.
+			var u *job.Usage
+			if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(nextUsage) {
+				nextUsage = now.Add(d.w.cfg.UsageInterval)
+				u = d.w.cfg.Usage.Of(d.ctx, d.id, d.n)
+			}
+			if u == nil {
+				d.eventSeq(job.EventHeartbeat, seq, nil)
+				return
+			}
+			d.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
+		})
 	}()
-	return func() { close(done); wg.Wait() }
+	return func() { cancel(); wg.Wait() }
 }
 
 // Log implements Reporter: every line goes to the attempt's archived log

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
@@ -26,6 +27,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -61,7 +63,7 @@ type Config struct {
 	Limits job.Limits
 	// FetchWait is how long one pull request waits for messages, and so
 	// how long a stopping worker waits for its open requests.
-	// Defaults to DefaultFetchWait (2 seconds).
+	// Defaults to DefaultFetchWait (1 second).
 	FetchWait time.Duration
 	// PausePoll is how often the worker reads whether its pool is paused.
 	// Defaults to DefaultPausePoll.
@@ -210,8 +212,11 @@ type Worker struct {
 	settling context.Context
 	giveUp   context.CancelFunc
 	attempts sync.WaitGroup
-	// background holds the sweep of data directories.
-	background sync.WaitGroup
+	// background holds the loops beside the pull: the pool's pause state,
+	// the sweep of data directories.
+	background lifecycle.Group
+	stopOnce   sync.Once
+	stopErr    error
 	mu         sync.Mutex
 	running    map[string]*delivery
 	draining   atomic.Bool
@@ -270,22 +275,38 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
 	w.readPause(ctx)
-	w.background.Add(1)
-	go w.watchPause(w.pullCtx)
+	// The pause is read every PausePoll (the first read is above).
+	pause := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: w.readPause, Later: true}
+	if err := w.background.Start(ctx, "the watch of the pool's pause", pause); err != nil {
+		return err
+	}
+	if k, ok := w.exec.(executor.DataKeeper); ok {
+		sweep := lifecycle.NewEvery(w.cfg.DataSweep, func(ctx context.Context) { w.sweepOnce(ctx, k) })
+		if err := w.background.Start(ctx, "the sweep of data directories", sweep); err != nil {
+			return err
+		}
+	}
 	w.pulling.Add(1)
 	go w.pull()
-	if k, ok := w.exec.(executor.DataKeeper); ok {
-		w.background.Add(1)
-		go w.sweepData(k)
-	}
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
 	return nil
 }
 
 // Stop drains the worker: it stops pulling, lets running attempts finish
-// until ctx ends, then stops the rest and hands their jobs back to the pool
-// at once, without counting them as attempts. It returns when nothing runs.
+// until ctx ends, then stops the rest and requeues their jobs at once,
+// without counting them as attempts. It returns when nothing runs: nil, or
+// an error when NATS did not answer and jobs were left to come back after
+// their ack wait. Stop may be called again; it returns the same.
 func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() { w.stopErr = w.stop(ctx) })
+	return w.stopErr
+}
+
+func (w *Worker) stop(ctx context.Context) error {
+	if w.stopPull == nil {
+		return nil // never started
+	}
+	var err error
 	w.log.Info("draining", "running", w.Running())
 	w.draining.Store(true)
 	w.stopPull()
@@ -307,7 +328,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		case <-time.After(handBackGrace):
 			// NATS does not answer: what is not handed back comes back to
 			// the pool after the ack wait.
-			w.log.Warn("NATS does not answer: leaving the rest for redelivery", "running", w.Running())
+			left := w.Running()
+			w.log.Warn("NATS does not answer: leaving the rest for redelivery", "running", left)
+			err = fmt.Errorf("stop worker: NATS did not answer; %d jobs come back to the pool after their ack wait", left)
 			w.giveUp()
 			<-done
 		}
@@ -316,14 +339,16 @@ func (w *Worker) Stop(ctx context.Context) error {
 		_ = w.cubs.Unsubscribe()
 	}
 	w.stopRuns(executor.ErrRequeue)
-	w.background.Wait()
+	if berr := w.background.Stop(context.WithoutCancel(ctx)); berr != nil {
+		err = errors.Join(err, berr)
+	}
 	select {
 	case <-w.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Second):
 	}
 	w.giveUp()
 	w.log.Info("worker stopped")
-	return nil
+	return err
 }
 
 // handBackGrace is how long a stopping worker tries to hand its jobs back
@@ -359,7 +384,7 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 func (w *Worker) pull() {
 	defer w.pulling.Done()
 	maxBatch := min(w.cfg.Slots, 256)
-	backoff := 100 * time.Millisecond
+	wait := lifecycle.Backoff(w.pullCtx, 100*time.Millisecond, 5*time.Second)
 	// At most two pull requests are open at once: an open request takes
 	// every message that arrives until it has its count, so more would
 	// only keep the server busy with requests that wait and expire.
@@ -408,7 +433,8 @@ func (w *Worker) pull() {
 			if w.pullCtx.Err() != nil {
 				return
 			}
-			w.log.Warn("fetch failed", "err", err)
+			next := wait.NextBackOff()
+			w.log.Warn("fetch failed", "err", err, "again_in", next.Round(time.Millisecond))
 			if gone(err) {
 				// The pool's consumer or stream was deleted (an operator
 				// moving the pool to a stream of its own): bind again.
@@ -416,15 +442,17 @@ func (w *Worker) pull() {
 					w.cons = cons
 				}
 			}
+			if next == backoff.Stop {
+				return
+			}
 			select {
 			case <-w.pullCtx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(next):
 			}
-			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		wait.Reset()
 		w.pulling.Add(1)
 		go func() {
 			defer w.pulling.Done()

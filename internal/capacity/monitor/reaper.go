@@ -119,7 +119,7 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 			}
 		}
 		e := &job.Event{JobID: l.JobID, Attempt: l.Attempt, Type: job.EventHeartbeat, Time: time.Now().UTC(),
-			WorkerID: id, Pool: pool, Backend: backend, Phase: "worker_lost",
+			WorkerID: id, Pool: pool, Backend: backend, Phase: job.PhaseWorkerLost,
 			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
 				"worker %s stopped heartbeating (last seen %s); %s", id, seen.Format(time.RFC3339), back),
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"strings"
@@ -118,7 +119,7 @@ func (e *Executor) models() []job.GPUModel {
 // worker of the pool.
 func (e *Executor) Fits(r *job.Request) error {
 	if r.Placement != nil {
-		for _, k := range sortedKeys(r.Placement.NodeSelector) {
+		for _, k := range slices.Sorted(maps.Keys(r.Placement.NodeSelector)) {
 			if k == job.GPUModelLabel {
 				continue // resources.gpu_model's business, below
 			}

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -280,7 +281,7 @@ func (e *Executor) Validate(r *job.Request) error {
 		problems = append(problems, "it asks for a data directory (persist), but the workers of this pool have no shared volume to keep it on (the worker's --shared-pvc is unset)")
 	}
 	if r.Placement != nil {
-		for _, k := range sortedKeys(r.Placement.NodeSelector) {
+		for _, k := range slices.Sorted(maps.Keys(r.Placement.NodeSelector)) {
 			v := r.Placement.NodeSelector[k]
 			if k != job.GPUModelLabel && !slices.Contains(e.cfg.PlacementKeys, k) {
 				problems = append(problems, fmt.Sprintf("placement.node_selector: key %q is not one this pool allows (allowed: %s)", k, orNone(e.cfg.PlacementKeys)))
@@ -297,7 +298,7 @@ func (e *Executor) Validate(r *job.Request) error {
 	if r.Timeout != nil && *r.Timeout <= 0 {
 		problems = append(problems, "the timeout must be more than zero: it becomes the Job's activeDeadlineSeconds")
 	}
-	for _, k := range sortedKeys(r.Labels) {
+	for _, k := range slices.Sorted(maps.Keys(r.Labels)) {
 		if reservedLabel(k) {
 			problems = append(problems, fmt.Sprintf("label %q is reserved for the fleet and Kubernetes", k))
 		}

@@ -131,7 +131,7 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPa
 			Immutable:  new(true),
 			Data:       make(map[string][]byte, len(req.Env)+len(req.Inputs)),
 		}
-		for i, k := range sortedKeys(req.Env) {
+		for i, k := range slices.Sorted(maps.Keys(req.Env)) {
 			key := "env-" + strconv.Itoa(i)
 			s.secret.Data[key] = []byte(req.Env[k])
 			env = append(env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{
@@ -140,7 +140,7 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPa
 		}
 		if len(req.Inputs) > 0 {
 			src := &corev1.SecretVolumeSource{SecretName: name, DefaultMode: new(int32(0o444))}
-			for i, p := range sortedKeys(req.Inputs) {
+			for i, p := range slices.Sorted(maps.Keys(req.Inputs)) {
 				key := "input-" + strconv.Itoa(i)
 				s.secret.Data[key] = []byte(req.Inputs[p])
 				src.Items = append(src.Items, corev1.KeyToPath{Key: key, Path: p})
@@ -285,13 +285,4 @@ func pullPolicy(p job.PullPolicy) corev1.PullPolicy {
 		return corev1.PullNever
 	}
 	return corev1.PullIfNotPresent
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/fleet-dev/fleet/internal/workspace"
 )
 
@@ -71,18 +73,17 @@ func killIn(ctx context.Context, root string) error {
 		}
 		return pids
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Killed processes take a moment to go: look again every 20 ms, for
+	// ten seconds at most.
+	b := backoff.WithContext(backoff.WithMaxRetries(backoff.NewConstantBackOff(20*time.Millisecond), 500), ctx)
+	return backoff.Retry(func() error {
 		pids := find()
 		if len(pids) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("processes %v of workspace %s are still running", pids, root)
-		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("processes %v of workspace %s are still running", pids, root)
+	}, b)
 }
