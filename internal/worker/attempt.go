@@ -331,8 +331,23 @@ func (a *attempt) ended(ctx context.Context, out *executor.Outcome, err error, d
 	cause := context.Cause(a.ctx)
 	s.handedBack = errors.Is(cause, executor.ErrHandBack) || errors.Is(cause, executor.ErrHandOff)
 	a.closeArtifacts(ctx, out, s.handedBack || s.handedOff)
-	return a.settle(ctx, decide(s))
+	if err := a.settle(ctx, decide(s)); err != nil {
+		return err
+	}
+	if c, ok := w.exec.(executor.Cleaner); ok && !handedOff {
+		// After the result, so nobody waits for it; what a crash leaves
+		// here, Recover removes.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := c.Cleanup(cctx, &executor.Task{JobID: a.id, Attempt: a.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool}); err != nil {
+			a.log.Warn("could not clean up after the attempt; this worker's next start, or a peer's, will", "err", err)
+		}
+	}
+	return nil
 }
+
+// cleanupTimeout bounds an executor's Cleanup.
+const cleanupTimeout = 30 * time.Second
 
 // begin writes the record of a starting attempt.
 func (a *attempt) begin(ctx context.Context, act action) error {
@@ -419,7 +434,9 @@ func (a *attempt) carryOut(ctx context.Context, act action) error {
 		res := act.result
 		if act.verb == doFinish {
 			a.rec.History = append(a.rec.History, act.lost...)
+			_, endResult := telemetry.Step(ctx, "fleet.result")
 			stored, err := a.publishResult(ctx, a.resultOf(act.outcome, act.attempts))
+			endResult(err)
 			if err != nil {
 				return err
 			}
