@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -72,6 +73,8 @@ func (a *attempt) follow(pod string) {
 				return nil
 			case ctx.Err() != nil:
 				return backoff.Permanent(ctx.Err())
+			case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+				return backoff.Permanent(err) // asking again will not help
 			case opened && a.pos.untimed:
 				return backoff.Permanent(fmt.Errorf("%w; it came without timestamps, so it cannot be opened again without repeating lines", err))
 			case opened:
