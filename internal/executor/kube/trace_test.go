@@ -126,7 +126,9 @@ func recordSpans(t *testing.T) *tracetest.SpanRecorder {
 
 // TestKubeAttemptTrace follows one attempt of a job that logs and runs
 // for a second, on the real control plane, and shows where its time goes:
-// the executor's spans beside the Job's and pod's changes.
+// the executor's spans beside the Job's and pod's changes. Run returns
+// once the pod has ended, with the whole log, before the Job's own
+// condition; Cleanup then deletes the Job, its pod and its Secret.
 func TestKubeAttemptTrace(t *testing.T) {
 	spans := recordSpans(t)
 	c := start(t, nil, nil)
@@ -136,16 +138,51 @@ func TestKubeAttemptTrace(t *testing.T) {
 	tl := &timeline{}
 	watchNamespace(t, c.env, c.ns, tl)
 	tl.begin = time.Now()
-	out := c.mustRun(t, context.Background(), request(func(r *job.Request) {
+	req := request(func(r *job.Request) {
 		r.Resources = &job.Resources{CPU: "1", Memory: "256Mi"}
-	}))
+		r.Env = map[string]string{"TOKEN": "s3cr3t"}
+	})
+	out := c.mustRun(t, context.Background(), req)
 	tl.add(time.Now(), "Run returned: %s", describe(out))
+	time.Sleep(1500 * time.Millisecond) // the Job's own conditions, for the record
+	if err := c.exec.Cleanup(context.Background(), task(req)); err != nil {
+		t.Errorf("Cleanup: %v", err)
+	}
+	tl.add(time.Now(), "Cleanup returned")
+	var names []string
 	for _, s := range spans.Ended() {
+		names = append(names, s.Name())
 		tl.add(s.StartTime(), "span %s starts", s.Name())
 		tl.add(s.EndTime(), "span %s ends (%d ms)", s.Name(), s.EndTime().Sub(s.StartTime()).Milliseconds())
 	}
-	time.Sleep(2 * time.Second) // the Job's own conditions, for the record
+	waitGone(t, c)
+	tl.add(time.Now(), "no Job, pod or Secret left")
 	t.Logf("timeline of one attempt:\n%s", tl)
 	equal(t, "outcome", describe(out), "succeeded exit 0")
 	equal(t, "stdout", out.Stdout, "one\ntwo\n")
+	sort.Strings(names)
+	equal(t, "spans", strings.Join(names, " "),
+		"fleet.job.create fleet.kube.cleanup fleet.kube.logs fleet.kube.running fleet.kube.scheduled fleet.kube.terminated fleet.run")
+}
+
+// waitGone waits until the namespace holds no Job, pod or Secret of the
+// fleet.
+func waitGone(t *testing.T, c *cluster) {
+	t.Helper()
+	sel := metav1.ListOptions{LabelSelector: LabelManagedBy + "=fleet"}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		jobs, pods := c.left(t)
+		secrets, err := c.env.Client.CoreV1().Secrets(c.ns).List(context.Background(), sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jobs == 0 && pods == 0 && len(secrets.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left after Cleanup: %d Jobs, %d pods, %d Secrets", jobs, pods, len(secrets.Items))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
