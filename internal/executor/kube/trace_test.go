@@ -142,15 +142,21 @@ func TestKubeAttemptTrace(t *testing.T) {
 		r.Resources = &job.Resources{CPU: "1", Memory: "256Mi"}
 		r.Env = map[string]string{"TOKEN": "s3cr3t"}
 	})
-	out := c.mustRun(t, context.Background(), req)
+	// The attempt's spans are one trace, as under the worker's span.
+	ctx, attempt := otel.Tracer("test").Start(context.Background(), "attempt")
+	out := c.mustRun(t, ctx, req)
 	tl.add(time.Now(), "Run returned: %s", describe(out))
 	time.Sleep(1500 * time.Millisecond) // the Job's own conditions, for the record
-	if err := c.exec.Cleanup(context.Background(), task(req)); err != nil {
+	if err := c.exec.Cleanup(ctx, task(req)); err != nil {
 		t.Errorf("Cleanup: %v", err)
 	}
 	tl.add(time.Now(), "Cleanup returned")
+	attempt.End()
 	var names []string
 	for _, s := range spans.Ended() {
+		if s.SpanContext().TraceID() != attempt.SpanContext().TraceID() || s.Name() == "attempt" {
+			continue
+		}
 		names = append(names, s.Name())
 		tl.add(s.StartTime(), "span %s starts", s.Name())
 		tl.add(s.EndTime(), "span %s ends (%d ms)", s.Name(), s.EndTime().Sub(s.StartTime()).Milliseconds())
