@@ -35,10 +35,11 @@ demo: build
 test: lint
 	$(GO) test $(TESTFLAGS) ./...
 
-## bench: Go benchmarks of the hot paths, the load test through the whole fleet, then artifacts (upload vs a raw Put, log archiving on vs off)
+## bench: Go benchmarks of the hot paths, the load test through the whole fleet, Kubernetes against the bare Job cycle, then artifacts (upload vs a raw Put, log archiving on vs off)
 bench: build
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/
 	./scripts/bench.sh
+	./scripts/bench-kube.sh
 	./scripts/bench-artifacts.sh
 
 ## bench-console: the no-op throughput with the console on (two pages open) and off, side by side

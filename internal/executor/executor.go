@@ -118,6 +118,22 @@ type Recoverer interface {
 	Recover(ctx context.Context, workerID string) error
 }
 
+// Cleaner is implemented by executors that leave what an ended attempt
+// used in its backend (a Kubernetes Job, its pod and Secret) when Run or
+// Adopt returns, so that removing it does not hold up the result. Nothing
+// of it runs any more, but it is still there.
+//
+// The worker calls Cleanup once it has settled the attempt (published its
+// result, or recorded its failure and the retry), off the attempt's path.
+// It never calls it for an attempt left running (ErrLeftRunning), which runs
+// on, nor when the settlement failed: the attempt is then left for whoever
+// settles it next, who may need to find it ended. What a worker killed
+// before Cleanup leaves behind, Recover or RecoverAdoptable removes when it
+// or a peer starts: the attempt's record no longer says it runs.
+type Cleaner interface {
+	Cleanup(ctx context.Context, t *Task) error
+}
+
 // CapacityReader is implemented by executors that know what their backend
 // can hold; the worker's heartbeat reports it.
 type CapacityReader interface {

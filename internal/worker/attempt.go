@@ -97,10 +97,37 @@ func (d *delivery) handle() error {
 		defer d.span.End()
 	}
 	act := d.decide(ctx, s)
+	ran := false
 	if act.verb == doRun || act.verb == doAdopt {
-		act = d.attempt(ctx, act)
+		act, ran = d.attempt(ctx, act)
 	}
-	return d.settle(ctx, act)
+	if err := d.settle(ctx, act); err != nil {
+		return err
+	}
+	if ran && act.verb != doLeaveRunning {
+		d.cleanup(ctx)
+	}
+	return nil
+}
+
+// cleanupTimeout bounds an executor's Cleanup.
+const cleanupTimeout = 30 * time.Second
+
+// cleanup removes what an ended attempt left in its backend (a Kubernetes
+// Job), once the attempt is settled: after the result, so that nobody waits
+// for it. What a worker killed before this leaves behind, the recovery of
+// its next start, or of a peer's, removes.
+func (d *delivery) cleanup(ctx context.Context) {
+	c, ok := d.w.exec.(executor.Cleaner)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	w := d.w
+	if err := c.Cleanup(ctx, &executor.Task{JobID: d.id, Attempt: d.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool}); err != nil {
+		d.log.Warn("could not clean up after the attempt; this worker's next start, or a peer's, will", "err", err)
+	}
 }
 
 // receive decodes the delivery, registers it, and reads what decide needs
@@ -246,19 +273,20 @@ func (d *delivery) refresh(ctx context.Context) error {
 
 // attempt starts the attempt act names (doRun runs it, doAdopt takes over
 // the one a lost worker left running), follows it to its end, and returns
-// the decision on how it ended. One preparation serves both: the memory an
+// the decision on how it ended, and whether the attempt ran (the executor
+// was called). One preparation serves both: the memory an
 // OOM retry raised, the capacity lease, and the record's compare-and-set,
 // after which the decision is made again if the record moved. Anything
 // that keeps the attempt from starting is a decision too, returned as it
 // is.
-func (d *delivery) attempt(ctx context.Context, act action) action {
+func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 	for {
 		d.n = act.attempt
 		if d.rec.MemoryOverride != "" {
 			d.req.Resources.Memory = d.rec.MemoryOverride
 		}
 		if next, ok := d.reserve(ctx, act); !ok {
-			return next
+			return next, false
 		}
 		err := d.settle(ctx, act) // the record says this worker runs it
 		if err == nil {
@@ -273,7 +301,7 @@ func (d *delivery) attempt(ctx context.Context, act action) action {
 		d.releaseLease()
 		next := d.decide(ctx, s)
 		if next.verb != doRun && next.verb != doAdopt {
-			return next
+			return next, false
 		}
 		act = next
 	}
@@ -312,7 +340,7 @@ func (d *delivery) attempt(ctx context.Context, act action) action {
 	}
 	stopProgress()
 	d.freeSlot()
-	return d.ended(ctx, out, err, deadlineBound)
+	return d.ended(ctx, out, err, deadlineBound), true
 }
 
 // reserve takes the attempt's capacity lease before its record is

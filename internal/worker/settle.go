@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -71,7 +72,9 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 		res := act.result
 		history := append(slices.Clone(d.rec.History), act.lost...)
 		if act.verb == doFinish {
+			_, endResult := telemetry.Step(ctx, "fleet.result")
 			stored, err := d.w.journal.Result(ctx, d.resultOf(act.outcome, act.attempts, history))
+			endResult(err)
 			if err != nil {
 				return err
 			}

@@ -3,7 +3,6 @@ package longjobs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,10 +146,15 @@ func TestKubeAdoption(t *testing.T) {
 			if r.Outputs["model.txt"] != "weights" {
 				t.Errorf("outputs %q, want the pod's model.txt", r.Outputs)
 			}
-			jobs = n.jobsOf(t, id)
-			if len(jobs) != 1 || jobs[0].UID != uid || jobs[0].Status.Succeeded != 1 {
-				t.Errorf("Jobs after the adoption: %d, want the one Job %s, succeeded", len(jobs), uid)
+			// The adopting worker deletes the Job after the result; until
+			// then, it is the one Job.
+			name := jobs[0].Name
+			for _, j := range n.jobsOf(t, id) {
+				if j.UID != uid {
+					t.Errorf("a second Job %s was made, beside %s", j.Name, name)
+				}
 			}
+			waitFor(t, "the Job to be deleted after the result", 30*time.Second, func() bool { return len(n.jobsOf(t, id)) == 0 })
 			events := f.Events(t, id, 10*time.Second)
 			final := 0
 			for _, e := range events {
@@ -160,7 +164,7 @@ func TestKubeAdoption(t *testing.T) {
 			}
 			adopted := find(events, job.EventHeartbeat, job.PhaseAdopted)
 			if final != 1 || count(events, job.EventStarted, "") != 1 || count(events, job.EventRetryScheduled, "") != 0 ||
-				adopted == nil || adopted.WorkerID != "second" || adopted.Attempt != 1 || !strings.Contains(adopted.Message, jobs[0].Name) {
+				adopted == nil || adopted.WorkerID != "second" || adopted.Attempt != 1 || !strings.Contains(adopted.Message, name) {
 				t.Errorf("events: %d final, %d started, %d retries, adopted %+v", final, count(events, job.EventStarted, ""),
 					count(events, job.EventRetryScheduled, ""), adopted)
 			}
@@ -193,8 +197,9 @@ func TestKubeJobThatEndedWhileNoWorkerRan(t *testing.T) {
 	n.writeOutput(t, pod, "model.txt", "done")
 	n.runningPod(t, bad.ID)
 	w.Kill()
-	n.env.WaitForJobCondition(t, n.name, n.jobsOf(t, ok.ID)[0].Name, batchv1.JobComplete, time.Minute)
-	n.env.WaitForJobCondition(t, n.name, n.jobsOf(t, bad.ID)[0].Name, batchv1.JobFailed, time.Minute)
+	ran := map[string]string{ok.ID: n.jobsOf(t, ok.ID)[0].Name, bad.ID: n.jobsOf(t, bad.ID)[0].Name}
+	n.env.WaitForJobCondition(t, n.name, ran[ok.ID], batchv1.JobComplete, time.Minute)
+	n.env.WaitForJobCondition(t, n.name, ran[bad.ID], batchv1.JobFailed, time.Minute)
 
 	f.worker(t, n.workerArgs(t, "later", "k8s")...)
 	r := f.Await(t, ok.ID, time.Minute)
@@ -207,9 +212,13 @@ func TestKubeJobThatEndedWhileNoWorkerRan(t *testing.T) {
 		t.Errorf("the Job that failed: %s after %d attempts, exit %v, failure %+v", r.Status, r.Attempts, r.ExitCode, r.Failure)
 	}
 	for _, id := range []string{ok.ID, bad.ID} {
-		if jobs := n.jobsOf(t, id); len(jobs) != 1 {
-			t.Errorf("%s: %d Jobs, want the one that ran", id, len(jobs))
+		// The one that ran, until the worker deletes it after the result.
+		for _, j := range n.jobsOf(t, id) {
+			if j.Name != ran[id] {
+				t.Errorf("%s: a second Job %s, beside %s", id, j.Name, ran[id])
+			}
 		}
+		waitFor(t, id+": its Job deleted after the result", 30*time.Second, func() bool { return len(n.jobsOf(t, id)) == 0 })
 		adopted := find(f.Events(t, id, 10*time.Second), job.EventHeartbeat, job.PhaseAdopted)
 		if adopted == nil || !strings.Contains(adopted.Message, "ended while no worker followed it") {
 			t.Errorf("%s: adopted event %+v", id, adopted)
@@ -275,13 +284,16 @@ spec:
 	}
 
 	id := f.Submit(t, gpuJob("on-h100", "gpu", "H100"))
-	r := f.Await(t, id, time.Minute)
-	if r.Status != job.StatusSucceeded {
-		t.Fatalf("the H100 job: %s %+v", r.Status, r.Failure)
-	}
+	// The Job and its pod as they run: the worker deletes them after the
+	// result.
+	pod := n.runningPod(t, id)
 	jobs := n.jobsOf(t, id)
 	if len(jobs) != 1 {
 		t.Fatalf("%d Jobs, want 1", len(jobs))
+	}
+	r := f.Await(t, id, time.Minute)
+	if r.Status != job.StatusSucceeded {
+		t.Fatalf("the H100 job: %s %+v", r.Status, r.Failure)
 	}
 	spec := jobs[0].Spec.Template.Spec
 	if want := map[string]string{"kubernetes.io/os": "linux", job.GPUModelLabel: "H100"}; !mapsEqual(spec.NodeSelector, want) {
@@ -298,14 +310,13 @@ spec:
 		t.Errorf("pod spec: automount %v, security %+v, labels %v, env %v", spec.AutomountServiceAccountToken, spec.SecurityContext,
 			jobs[0].Spec.Template.Labels, spec.Containers[0].Env)
 	}
-	pods, err := n.env.Client.CoreV1().Pods(n.name).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelJobID + "=" + id})
-	if err != nil || len(pods.Items) != 1 || pods.Items[0].Spec.NodeName != kubetest.GPUNode {
-		t.Errorf("the H100 job's pod: %v; want it on node %s", describePods(pods), kubetest.GPUNode)
+	if pod.Spec.NodeName != kubetest.GPUNode {
+		t.Errorf("the H100 job's pod: %s on %q; want it on node %s", pod.Name, pod.Spec.NodeName, kubetest.GPUNode)
 	}
 
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = f.Client.Submit(sctx, gpuJob("on-a100", "gpu", "A100"))
+	_, err := f.Client.Submit(sctx, gpuJob("on-a100", "gpu", "A100"))
 	var rej *client.RejectedError
 	if !errors.As(err, &rej) || !strings.Contains(rej.Reason, "A100") || !strings.Contains(rej.Reason, "4×H100") {
 		t.Errorf("an A100 job: %v; want it refused at admission, naming the H100s", err)
@@ -333,17 +344,6 @@ func bindNodes(t *testing.T, n *namespace) {
 		t.Fatalf("kubectl create clusterrolebinding: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { _, _ = kubectl(n.env, "delete", "clusterrolebinding", name) })
-}
-
-func describePods(pods *corev1.PodList) string {
-	if pods == nil {
-		return "none"
-	}
-	var out []string
-	for _, p := range pods.Items {
-		out = append(out, fmt.Sprintf("%s on %q (%s)", p.Name, p.Spec.NodeName, p.Status.Phase))
-	}
-	return strings.Join(out, ", ")
 }
 
 func mapsEqual(a, b map[string]string) bool {

@@ -183,7 +183,9 @@ func workspaceAt(root string) *workspace.Dir {
 
 // RecoverAdoptable implements executor.Adopter: Recover, but the Jobs
 // whose attempts adoptable says may still be adopted stay, with their
-// Secrets and outputs folders.
+// Secrets and outputs folders. It also deletes the ended Jobs that other
+// workers of the namespace left before their Cleanup, once their records
+// say the attempts no longer run (see sweepPeers).
 func (e *Executor) RecoverAdoptable(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
 	return e.recover(ctx, workerID, adoptable)
 }
@@ -254,6 +256,11 @@ func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(
 	}
 	if deleted > 0 {
 		e.log.Info("deleted the Jobs of an earlier life of the worker", "worker_id", workerID, "jobs", deleted)
+	}
+	if adoptable != nil {
+		if _, err := e.sweepPeers(ctx, workerID, adoptable); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

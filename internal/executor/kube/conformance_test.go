@@ -151,8 +151,9 @@ func annotations(prog executortest.Program) map[string]string {
 }
 
 // left lists what of worker's attempts is left in the namespace: Jobs and
-// pods that have not ended, Secrets whose Job is gone, folders on the
-// shared volume.
+// pods that have not ended (a Job whose pod ended by itself has, though
+// its condition may come later), Secrets whose Job is gone, folders on
+// the shared volume. Ended Jobs are Cleanup's, after the result.
 func (n *conformanceNamespace) left(t testing.TB, worker string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -164,16 +165,23 @@ func (n *conformanceNamespace) left(t testing.TB, worker string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uids := map[string]bool{}
-	for _, j := range jobs.Items {
-		uids[string(j.UID)] = true
-		if judge(&j, nil, 0) == nil {
-			left = append(left, "Job "+j.Name+" (not ended)")
-		}
-	}
 	pods, err := client.CoreV1().Pods(ns).List(ctx, sel)
 	if err != nil {
 		t.Fatal(err)
+	}
+	byJob := map[string][]*corev1.Pod{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		byJob[p.Labels["job-name"]] = append(byJob[p.Labels["job-name"]], p)
+	}
+	uids := map[string]bool{}
+	for _, j := range jobs.Items {
+		uids[string(j.UID)] = true
+		// Ended by its condition, or by its pod's end (the condition
+		// comes later).
+		if judge(&j, newest(byJob[j.Name]), 0) == nil {
+			left = append(left, "Job "+j.Name+" (not ended)")
+		}
 	}
 	for _, p := range pods.Items {
 		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {

@@ -160,7 +160,7 @@ func TestKubeImagePull(t *testing.T) {
 		timeout       time.Duration
 		want, message string
 		// The executor deletes a Job it gives up on; a Job that failed
-		// at its deadline stays until its TTL.
+		// at its deadline stays for Cleanup, after the result.
 		jobsLeft int
 	}{
 		{"after the bounded wait", 2 * time.Second, time.Minute, "failed image/image_pull_failed", "the image could not be pulled for 2s", 0},

@@ -19,6 +19,10 @@
 // The executor watches, through one informer per kind, the Jobs and pods
 // labelled with its worker's id; each attempt waits on the notifications
 // of its own Job and pod. It follows the container's log while it runs.
+// An attempt ends when its pod does (the Job's own condition comes a
+// second or more later, and is waited for only when it is what decides);
+// its Job, pod and Secret are deleted after the result (cleanup.go). The
+// spans of an attempt's steps are listed in steps.go.
 package kube
 
 import (
@@ -81,8 +85,12 @@ type Config struct {
 	// Grace is the pods' termination grace period, between SIGTERM and
 	// SIGKILL. Defaults to 10 seconds.
 	Grace time.Duration
-	// TTLAfterFinished is how long a finished Job and its pod are kept for
-	// inspection. Defaults to 10 minutes.
+	// TTLAfterFinished is how long Kubernetes keeps a finished Job and its
+	// pod that no worker deleted: the worker deletes an attempt's Job once
+	// its result is published (Cleanup), so this bounds what a worker that
+	// died before that, and never came back, leaves; and how long a Job
+	// that ended while no worker watched can still be adopted and settled
+	// from its status. Defaults to 10 minutes.
 	TTLAfterFinished time.Duration
 
 	// SharedPVC names a ReadWriteMany PersistentVolumeClaim in Namespace
@@ -224,6 +232,7 @@ var (
 	_ executor.DataKeeper      = (*Executor)(nil)
 	_ executor.UsageReader     = (*Executor)(nil)
 	_ executor.InventoryReader = (*Executor)(nil)
+	_ executor.Cleaner         = (*Executor)(nil)
 )
 
 // New returns an Executor and starts watching the worker's Jobs and pods.

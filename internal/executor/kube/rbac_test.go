@@ -153,6 +153,9 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		if err != nil || out.Status != job.StatusSucceeded || out.Stdout != "logged under RBAC\n" {
 			t.Fatalf("Run: %v, %v", describeOrNil(out), err)
 		}
+		if err := e.Cleanup(ctx, tk); err != nil {
+			t.Errorf("Cleanup: %v", err)
+		}
 		// A hand-off, and the adoption of the Job by another worker.
 		hctx, cancel := context.WithCancelCause(ctx)
 		rep = &recorder{}
@@ -177,6 +180,9 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		out, err = other.Adopt(ctx, long, f)
 		if err != nil || out.Status != job.StatusSucceeded {
 			t.Fatalf("Adopt: %v, %v", describeOrNil(out), err)
+		}
+		if err := other.Cleanup(ctx, long); err != nil {
+			t.Errorf("Cleanup of the adopted attempt: %v", err)
 		}
 		if err := e.RemoveData(ctx, "rbac-run"); err != nil {
 			t.Errorf("RemoveData: %v", err)

@@ -32,7 +32,10 @@ const stopSlack = 30 * time.Second
 const callTimeout = 30 * time.Second
 
 // Run runs one attempt as a Job and waits, on the informers'
-// notifications, until the Job has ended and nothing of it runs.
+// notifications, until it has ended and nothing of it runs: its pod has
+// ended by itself, or the Job says how it ended. It returns then, without
+// waiting for the Job's own condition when the pod decides; the Job stays
+// until Cleanup (or Recover, or its TTL) deletes it.
 func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome, error) {
 	req := t.Request.Clone()
 	req.Normalize()
@@ -106,15 +109,18 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 	return out, err
 }
 
-// toEnd waits for the attempt's Job to end, reads the rest of its log and
-// collects its outputs from dir (nil without a shared volume). On a
+// toEnd waits for the attempt to end, reads the rest of its log and
+// collects its outputs from dir (nil without a shared volume). It leaves
+// the Job of an attempt that ended by itself in place, for Cleanup. On a
 // hand-off it returns ErrLeftRunning, leaving the Job running.
 func (a *attempt) toEnd(ctx context.Context, dir *workspace.Dir) (*executor.Outcome, error) {
 	a.track()
 	defer a.untrack()
-	_, endRun := telemetry.Step(ctx, "fleet.run")
+	runCtx, endRun := telemetry.Step(ctx, "fleet.run")
+	a.steps = newSteps(runCtx)
 	v := a.wait(ctx)
 	if v.handedOff {
+		a.steps.endSpan()
 		endRun(executor.ErrLeftRunning)
 		if a.logs != nil {
 			a.logs.cancel()
@@ -123,9 +129,12 @@ func (a *attempt) toEnd(ctx context.Context, dir *workspace.Dir) (*executor.Outc
 		a.log.Info("leaving the Job running for adoption")
 		return nil, executor.ErrLeftRunning
 	}
+	a.steps.ended(v, a.pod)
 	endRun(nil)
 	a.phase(v.phase, v.reason, v.message())
+	_, endLogs := telemetry.Step(ctx, "fleet.kube.logs")
 	a.readLogs(ctx, v)
+	endLogs(nil)
 	out := &executor.Outcome{Status: v.status, ExitCode: v.exitCode, Failure: v.failure,
 		StartedAt: a.started, Stdout: a.stdout.Tail()}
 	if dir != nil {
@@ -169,6 +178,8 @@ type attempt struct {
 	stuck      stuck
 	stuckSince time.Time
 	logs       *follower
+	pos        logPos // how far the log was copied
+	steps      *steps
 }
 
 // submit creates the Secret, then the Job, then makes the Job own the
@@ -268,17 +279,20 @@ func (a *attempt) wait(ctx context.Context) *verdict {
 // once the attempt has ended. Otherwise it may ask to be called again after
 // recheck, when a stuck pod will have waited long enough.
 func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration) {
+	if pod := a.newestPod(); pod != nil {
+		a.pod = pod
+	}
 	if a.w.jobGone.Load() {
+		if v := podEnded(a.pod); v != nil {
+			return v, 0 // it ended before its Job went (a peer's sweep)
+		}
 		// Someone else's doing; its pod may still be stopping.
 		return &verdict{status: job.StatusFailed, phase: "Failed", reason: "Deleted", stop: true,
 			failure: job.Failf(job.ClassInfrastructure, job.CodeJobDeleted, "Job %s/%s was deleted while it ran", a.e.cfg.Namespace, a.name)}, 0
 	}
 	j, err := a.jobs.Get(a.name)
 	if err != nil {
-		return nil, 0 // not in the cache yet
-	}
-	if pod := a.newestPod(); pod != nil {
-		a.pod = pod
+		return podEnded(a.pod), 0 // the Job is not in the cache yet
 	}
 	timeout := a.req.Timeout.Std()
 	v = judge(j, a.pod, timeout)
@@ -295,6 +309,7 @@ func (a *attempt) check(ctx context.Context) (v *verdict, recheck time.Duration)
 	}
 
 	p := observe(a.pod)
+	a.steps.reached(a.pod, p)
 	a.phase(p.phase, p.reason, p.message)
 	if p.started {
 		a.follow(a.pod.Name)

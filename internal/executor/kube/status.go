@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -32,9 +33,18 @@ func (v *verdict) message() string {
 }
 
 // judge says how an attempt ended from its Job and its newest pod (nil when
-// none was seen), or returns nil while the Job has not ended. Kubernetes
-// marks a Job Complete or Failed only once its pods have stopped, so when
-// judge returns a verdict nothing of the attempt is running.
+// none was seen), or returns nil while it has not ended. When judge returns
+// a verdict nothing of the attempt is running: Kubernetes marks a Job
+// Complete or Failed only once its pods have stopped, and a pod that ended
+// by itself has stopped.
+//
+// The pod decides first: its Job has one pod and no retries (backoffLimit
+// 0, restartPolicy Never), so once that pod has ended by itself the Job
+// can only end the same way, and its condition would say so a second or
+// more later (the Job controller batches pod updates for a second, then
+// removes its finalizer from the pod). The Job's condition decides when
+// the Job controller ended the attempt (its deadline) or the pod ended
+// without a word (deleted before it ran).
 func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
 	if c := jobCondition(j, batchv1.JobComplete); c != nil {
 		zero := 0
@@ -42,7 +52,7 @@ func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
 	}
 	c := jobCondition(j, batchv1.JobFailed)
 	if c == nil {
-		return nil
+		return podEnded(pod)
 	}
 	if c.Reason == batchv1.JobReasonDeadlineExceeded {
 		// A pod that never got to run failed for a reason of its own.
@@ -58,6 +68,31 @@ func judge(j *batchv1.Job, pod *corev1.Pod, timeout time.Duration) *verdict {
 	}
 	return &verdict{status: job.StatusFailed, phase: "Failed", reason: c.Reason,
 		failure: job.Failf(job.ClassInfrastructure, job.CodePodFailed, "the Job failed: %s: %s", c.Reason, c.Message)}
+}
+
+// podEnded says how an attempt ended from its pod alone, once the pod has
+// ended by itself: Succeeded, or Failed while no one deletes it. A pod
+// that is being deleted (the Job's deadline, a cancel, an eviction
+// through the API) may yet be explained better by its Job's condition, so
+// podEnded leaves it to the Job. It returns nil while the pod has not
+// ended.
+func podEnded(pod *corev1.Pod) *verdict {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return nil
+	}
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		zero := 0
+		return &verdict{status: job.StatusSucceeded, exitCode: &zero, phase: "Succeeded", reason: "Completed"}
+	case corev1.PodFailed:
+		if v := podFailure(pod); v != nil {
+			return v
+		}
+		reason := cmp.Or(pod.Status.Reason, "Failed")
+		return &verdict{status: job.StatusFailed, phase: "Failed", reason: reason,
+			failure: job.Failf(job.ClassInfrastructure, job.CodePodFailed, "pod %s failed: %s: %s", pod.Name, reason, pod.Status.Message)}
+	}
+	return nil
 }
 
 // podFailure explains a failed pod: out of memory, disrupted (evicted,

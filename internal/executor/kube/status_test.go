@@ -61,7 +61,18 @@ func TestJudge(t *testing.T) {
 	}{
 		{"no condition yet", jobWith(), podIn(corev1.PodRunning, running), "running"},
 		{"failure only targeted: pods still stopping", jobWith(cond(batchv1.JobFailureTarget, "DeadlineExceeded")), podIn(corev1.PodRunning, running), "running"},
-		{"success criteria met, not complete yet", jobWith(cond(batchv1.JobSuccessCriteriaMet, "CompletionsReached")), podIn(corev1.PodSucceeded, exited(0, "Completed")), "running"},
+		// The pod decides before the Job's condition comes.
+		{"pod succeeded, no condition yet", jobWith(), podIn(corev1.PodSucceeded, exited(0, "Completed")), "succeeded - 0"},
+		{"success criteria met, not complete yet", jobWith(cond(batchv1.JobSuccessCriteriaMet, "CompletionsReached")), podIn(corev1.PodSucceeded, exited(0, "Completed")), "succeeded - 0"},
+		{"pod exited 3, no condition yet", jobWith(), podIn(corev1.PodFailed, exited(3, "Error")), "failed execution/exit_code 3"},
+		{"pod OOM killed, no condition yet", jobWith(), podIn(corev1.PodFailed, exited(137, "OOMKilled")), "failed oom/oom_killed 137"},
+		{"pod evicted by the kubelet, no condition yet", jobWith(),
+			podIn(corev1.PodFailed, exited(137, "Error"), func(p *corev1.Pod) { p.Status.Reason = "Evicted" }), "failed infrastructure/evicted 137"},
+		{"pod failed, saying nothing, no condition yet", jobWith(), podIn(corev1.PodFailed, corev1.ContainerState{}), "failed infrastructure/pod_failed -"},
+		// A pod being deleted (the deadline, an eviction through the API)
+		// is the Job's to explain.
+		{"pod failed while deleted, no condition yet", jobWith(cond(batchv1.JobFailureTarget, "DeadlineExceeded")),
+			podIn(corev1.PodFailed, exited(143, "Error"), func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: time.Now()} }), "running"},
 		{"complete", jobWith(cond(batchv1.JobComplete, "CompletionsReached")), podIn(corev1.PodSucceeded, exited(0, "Completed")), "succeeded - 0"},
 		{"complete, pod not seen", jobWith(cond(batchv1.JobComplete, "")), nil, "succeeded - 0"},
 		{"deadline", jobWith(cond(batchv1.JobFailed, "DeadlineExceeded")), podIn(corev1.PodRunning, running), "timed_out timeout/attempt_timeout -"},
