@@ -87,6 +87,7 @@ type options struct {
 	nats, redis, storage, pids string
 	jobs, workers, batch       int
 	timeout                    time.Duration
+	keep                       bool
 }
 
 func main() {
@@ -99,6 +100,7 @@ func main() {
 	flag.StringVar(&o.storage, "storage", "file", "storage of the jobs stream: file or memory")
 	flag.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is counted too (nats-server, redis-server)")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
+	flag.BoolVar(&o.keep, "keep", false, "keep the streams and the slots hash after the run (deleted by default)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -220,7 +222,7 @@ func run(o options) error {
 		return err
 	}
 	n := float64(o.jobs)
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+	err = json.NewEncoder(os.Stdout).Encode(map[string]any{
 		"jobs":                  o.jobs,
 		"workers":               o.workers,
 		"seconds":               elapsed.Seconds(),
@@ -235,6 +237,14 @@ func run(o options) error {
 		"jobs_left":             left,
 		"results_stored":        stored,
 	})
+	cancel()
+	bg.Wait()
+	if !o.keep {
+		// Leave the servers as they were found: bench.sh runs the fleet's
+		// benchmarks on them next.
+		teardown(context.Background(), wjs, rdb)
+	}
+	return err
 }
 
 // settled checks, after the run, that every job was acked (the work queue
@@ -305,6 +315,18 @@ func setup(ctx context.Context, js jetstream.JetStream, rdb *redis.Client, stora
 		return nil, fmt.Errorf("redis: %w", err)
 	}
 	return cons, rdb.PExpire(ctx, slotsKey, leaseTTL).Err()
+}
+
+// teardown deletes the streams and the slots hash, once the run is over.
+func teardown(ctx context.Context, js jetstream.JetStream, rdb *redis.Client) {
+	for _, name := range []string{jobsStream, resultsStream} {
+		if err := js.DeleteStream(ctx, name); err != nil {
+			log.Printf("delete stream %s: %v", name, err)
+		}
+	}
+	if err := rdb.Del(ctx, slotsKey).Err(); err != nil {
+		log.Printf("redis: %v", err)
+	}
 }
 
 // request is what the producer sends: the shape of a no-op job as the
