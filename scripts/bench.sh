@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make bench: the load test through the whole fleet, set up as a user
-# deploys it, beside asynq on the same machine in the same run.
+# deploys it, beside asynq and the bare JetStream loop on the same machine
+# in the same run.
 #
 #   1. Production-like, one NATS server: a separate nats-server process with
 #      file storage, a redis-server, a dispatcher (admission on, the console
@@ -10,7 +11,12 @@
 #      kept by the submit stream); then jobs paced at 1,000/s, for latency.
 #      Each ROUNDS times, alternating with
 #   2. asynq v0.26 enqueuing and processing the same number of no-op tasks
-#      on the same redis-server, with 64 workers (bench/asynq).
+#      on the same redis-server, with 64 workers (bench/asynq), and the
+#      bare JetStream loop, the fleet's lower bound, on the same nats-server
+#      and redis-server in streams of its own (bench/jsloop): jobs published
+#      to a work-queue stream, pulled in batches of up to 64 for 64 slots, a
+#      Redis Lua slot lease per job, the result published asynchronously,
+#      the ack.
 #   3. The same fleet on a three-node NATS cluster with streams of three
 #      replicas, no-op jobs as fast as possible, and jobs spread over three
 #      pools.
@@ -18,7 +24,9 @@
 #      against the bare Docker API cycle of the same image.
 #
 # CPU per job is the CPU time the fleet's processes (NATS servers,
-# dispatcher, worker) spent, per job; for asynq, its process and
+# dispatcher, worker) spent, per job, not fleetctl bench's nor
+# redis-server's; for asynq, its process and redis-server's; for the loop,
+# its process (producer, worker and reader), nats-server's and
 # redis-server's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,9 +57,10 @@ trap cleanup EXIT
 
 say() { printf '\n== %s\n' "$*"; }
 
-# The NATS server the fleet requires, and the asynq peer, built once.
+# The NATS server the fleet requires, and the peers, built once.
 go build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
 (cd bench/asynq && go build -o "../../$bin/asynq-bench" .)
+(cd bench/jsloop && go build -o "../../$bin/jsloop-bench" .)
 command -v redis-server >/dev/null || { echo "make bench needs redis-server"; exit 1; }
 
 redis-server --bind 127.0.0.1 --port 16479 --save '' --appendonly no >"$base/redis.log" 2>&1 &
@@ -117,23 +126,31 @@ field() { python3 -c "import json,sys; print(json.load(sys.stdin).get('$1', 0))"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(go version | cut -d' ' -f3), $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-) redis-server"
 echo "the fleet: nats-server $("$bin/nats-server" --version | grep -o "v[0-9][0-9.]*" | head -1) (file storage, a process of its own), a dispatcher (admission reject, console on), one noop worker with $slots slots"
 echo "the peer:  asynq v0.26, $slots concurrent handlers, on the same redis-server"
+echo "the loop:  bare JetStream (bench/jsloop), $slots slots, on the same nats-server and redis-server"
 
-say "one NATS server: $jobs no-op jobs as fast as possible, $rounds rounds, each beside asynq"
+say "one NATS server: $jobs no-op jobs as fast as possible, $rounds rounds, each beside asynq and the loop"
 export FLEET_NATS_URL=nats://127.0.0.1:14322
 nats n0 14322 0
 sleep 0.3
 dispatcher
 worker noop
-printf '%-8s %12s %12s %14s %12s %14s\n' round "fleet jobs/s" "CPU/job µs" "asynq tasks/s" "CPU/task µs" "fleet / asynq"
-fleet_rates=() asynq_rates=()
+printf '%-8s %12s %12s %14s %12s %14s %12s %12s %13s\n' round "fleet jobs/s" "CPU/job µs" "asynq tasks/s" "CPU/task µs" "fleet / asynq" \
+	"loop jobs/s" "CPU/job µs" "fleet / loop"
+fleet_rates=() asynq_rates=() loop_ratios=()
 for r in $(seq "$rounds"); do
 	f=$(bench --jobs "$jobs" --pids "$npid,$dpid,$wpid")
 	a=$("$bin/asynq-bench" --redis 127.0.0.1:16479 --tasks "$jobs" --concurrency "$slots" --pids "$redis_pid")
+	l=$("$bin/jsloop-bench" --nats "$FLEET_NATS_URL" --redis redis://127.0.0.1:16479/2 --jobs "$jobs" --workers "$slots" --pids "$npid,$redis_pid")
 	fr=$(echo "$f" | field jobs_per_second) fc=$(echo "$f" | field cpu_per_job_us)
 	ar=$(echo "$a" | field tasks_per_second) ac=$(echo "$a" | field cpu_per_task_us)
-	fleet_rates+=("$fr") asynq_rates+=("$ar")
-	printf '%-8s %12.0f %12.0f %14.0f %12.0f %13.2fx\n' "$r" "$fr" "$fc" "$ar" "$ac" "$(echo "$fr / $ar" | bc -l)"
+	lr=$(echo "$l" | field jobs_per_second) lc=$(echo "$l" | field cpu_per_job_us)
+	fleet_rates+=("$fr") asynq_rates+=("$ar") loop_ratios+=("$(echo "$fr / $lr" | bc -l)")
+	printf '%-8s %12.0f %12.0f %14.0f %12.0f %13.2fx %12.0f %12.0f %12.2fx\n' "$r" "$fr" "$fc" "$ar" "$ac" "$(echo "$fr / $ar" | bc -l)" \
+		"$lr" "$lc" "${loop_ratios[-1]}"
 done
+printf '%s\n' "${loop_ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END {
+	printf "fleet / loop, the median of %d rounds: %.2fx\n", NR, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+}'
 
 say "the same, fire and forget on fleet.submit (kept by the submit stream)"
 bench --jobs "$jobs" --stored --pids "$npid,$dpid,$wpid" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.0f jobs/s, %.0f µs of CPU per job" % (r["jobs_per_second"], r.get("cpu_per_job_us", 0)))'
