@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
-	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -106,16 +105,12 @@ func (c *Client) finished(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
-	res, err := queue.LastResult(ctx, c.js, c.names, id)
-	if err != nil {
-		return nil, fmt.Errorf("result of %s: %w", id, err)
-	}
-	if res != nil {
-		return res, nil
-	}
 	st, err := c.Status(ctx, id)
 	if err != nil {
 		return nil, err
+	}
+	if st.Result != nil {
+		return st.Result, nil
 	}
 	return nil, fmt.Errorf("job %s has not finished (it is %s): its outputs come with its result", id, st.Job.State)
 }
@@ -158,16 +153,19 @@ func (c *Client) Logs(ctx context.Context, id string, o LogOptions) (io.ReadClos
 	if o.Attempt < 0 {
 		return nil, fmt.Errorf("attempt %d: attempts count from 1", o.Attempt)
 	}
-	store, err := c.bucket(ctx)
-	if err != nil {
-		return nil, err
+	record := func(ctx context.Context) (*job.Record, error) {
+		st, err := c.Status(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return st.Job, nil
 	}
-	rec, _, err := store.Get(ctx, id)
+	rec, err := record(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("logs of %s: %w", id, err)
 	}
 	if o.Attempt > rec.Attempt && !o.Follow {
 		return nil, fmt.Errorf("%w: job %s has had %d attempts, not %d", ErrNotFound, id, rec.Attempt, o.Attempt)
 	}
-	return artifact.OpenJobLog(ctx, c.artifacts(), store, id, artifact.JobLogOptions{Attempt: o.Attempt, Follow: o.Follow}), nil
+	return artifact.OpenJobLog(ctx, c.artifacts(), record, id, artifact.JobLogOptions{Attempt: o.Attempt, Follow: o.Follow}), nil
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,13 +33,17 @@ import (
 )
 
 // Client talks to a fleet over a NATS connection.
+//
+// A client acts as one tenant (WithTenant): it submits as that tenant and
+// reads that tenant's jobs only. On a fleet whose NATS users are confined
+// to their tenant (deploy/nats), a client can do nothing as another.
 type Client struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	names queue.Names
-	store *queue.Store
-	arts  *artifact.Store
-	once  sync.Once // makes arts
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	names  queue.Names
+	tenant string
+	arts   *artifact.Store
+	once   sync.Once // makes arts
 }
 
 // Option configures a Client.
@@ -58,13 +63,29 @@ func WithPrefix(p string) Option {
 	}
 }
 
+// WithTenant sets the tenant the client acts as. Defaults to
+// job.DefaultTenant, the tenant of a fleet whose producers do not
+// authenticate.
+func WithTenant(t string) Option {
+	return func(c *Client) error {
+		if !job.ValidTenant(t) {
+			return fmt.Errorf("%w: tenant %q must be 1 to 64 characters of [A-Za-z0-9_-]", ErrInvalidOption, t)
+		}
+		c.tenant = t
+		return nil
+	}
+}
+
+// Tenant is the tenant the client acts as.
+func (c *Client) Tenant() string { return c.tenant }
+
 // New returns a Client using nc.
 func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	c := &Client{nc: nc, js: js, names: queue.Names{Prefix: queue.DefaultPrefix}}
+	c := &Client{nc: nc, js: js, names: queue.Names{Prefix: queue.DefaultPrefix}, tenant: job.DefaultTenant}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -112,7 +133,7 @@ func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, erro
 	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The producer's trace, if it has one, goes on into the fleet.
-	msg := nats.NewMsg(c.names.SubmitDirect())
+	msg := nats.NewMsg(c.names.SubmitV2(c.tenant))
 	msg.Data = withID(data)
 	otel.GetTextMapPropagator().Inject(ctx, queue.HeaderCarrier(msg.Header))
 	if len(msg.Header) == 0 {
@@ -162,62 +183,77 @@ type Status = job.StatusReply
 // ErrNotFound means the fleet knows no job with that id.
 var ErrNotFound = queue.ErrNotFound
 
-// Status reads a job's state from the jobs bucket, and its result.
+// Status asks the fleet for a job's record and, once it has one, its
+// result.
 func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
-	store, err := c.bucket(ctx)
-	if err != nil {
+	var s Status
+	if err := c.request(ctx, "status", id, &s); err != nil {
 		return nil, err
 	}
-	s, _, err := store.Status(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("status of %s: %w", id, err)
-	}
-	return s, nil
+	return &s, nil
 }
 
-func (c *Client) bucket(ctx context.Context) (*queue.Store, error) {
-	if c.store != nil {
-		return c.store, nil
-	}
-	store, err := queue.BindStore(ctx, c.js, c.names)
-	if err != nil {
+// History returns every version of a job's record, oldest first: its
+// lifecycle as the fleet keeps it.
+func (c *Client) History(ctx context.Context, id string) (*job.HistoryReply, error) {
+	var h job.HistoryReply
+	if err := c.request(ctx, "history", id, &h); err != nil {
 		return nil, err
 	}
-	c.store = store
-	return store, nil
+	return &h, nil
 }
 
-// Result waits for a job's result. It listens for the result as it is
-// published and reads it directly from the results stream, again every two
-// seconds, so that it rides through the loss of a NATS server: a result
-// published while the client reconnects is read from the stream.
+// request sends one of the tenant's requests about job id to the
+// dispatchers and decodes the answer into v; it is sent again while no
+// dispatcher answers, until ctx ends (10 seconds without a deadline).
+func (c *Client) request(ctx context.Context, verb, id string, v any) error {
+	if !job.ValidID(id) {
+		return fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var m *nats.Msg
+	err := queue.Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = c.nc.RequestWithContext(ctx, c.names.Request(c.tenant, verb, id), nil)
+		return err
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", verb, id, err)
+	}
+	var e job.ErrorReply
+	if json.Unmarshal(m.Data, &e) == nil && e.Error != "" {
+		if e.NotFound {
+			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		return fmt.Errorf("%s %s: %s", verb, id, e.Error)
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("%s %s: unreadable answer: %w", verb, id, err)
+	}
+	return nil
+}
+
+// Result waits for a job's result: it listens for the job's final record
+// as it is stored, and asks for the job's status now and then (backing off
+// to every two seconds), so that it rides through the loss of a NATS
+// server: a result stored while the client reconnects is read then.
 func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
 	// Listen before the first read, so that no result falls in between.
 	published := make(chan *nats.Msg, 4)
-	sub, err := c.nc.ChanSubscribe(c.names.Results(id), published)
+	sub, err := c.nc.ChanSubscribe(c.names.JobLive(c.tenant, "*", queue.KindResult, id), published)
 	if err != nil {
 		return nil, fmt.Errorf("await result of %s: %w", id, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	// Between reads, a backoff up to two seconds: a result is usually
-	// heard long before that.
 	wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
-	var heard *nats.Msg
 	for {
-		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		r, err := queue.LastResult(gctx, c.js, c.names, id)
-		cancel()
+		st, err := c.Status(ctx, id)
 		switch {
-		case r != nil:
-			return r, nil
-		case heard != nil:
-			// Published but not readable yet (a replica behind): the
-			// stream takes the first result of a job and refuses others,
-			// and the first published is the first heard.
-			return job.DecodeResult(heard.Data)
+		case err == nil && st.Result != nil:
+			return st.Result, nil
 		case err != nil && !retryable(ctx, err):
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}
@@ -226,7 +262,11 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 			return nil, ctx.Err()
 		}
 		select {
-		case heard = <-published:
+		case m := <-published:
+			var rec job.Record
+			if json.Unmarshal(m.Data, &rec) == nil && rec.Result != nil {
+				return rec.Result, nil
+			}
 		case <-time.After(next):
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -242,43 +282,71 @@ func retryable(ctx context.Context, err error) bool {
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled))
 }
 
-// Events yields a job's lifecycle events from the first, live, and ends
-// after its final event (succeeded, failed, timed_out, cancelled or
-// rejected), which is always a job's last. Stop early by breaking out of
-// the loop or ending ctx.
+// Events yields a job's lifecycle events from the first and ends after its
+// final event (succeeded, failed, timed_out, cancelled or rejected), which
+// is always a job's last: the job's history (every version of its record
+// so far), then, live, its later versions and its heartbeat and log
+// events. Stop early by breaking out of the loop or ending ctx.
 func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, error] {
 	return func(yield func(*job.Event, error) bool) {
 		if !job.ValidID(id) {
 			yield(nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id))
 			return
 		}
-		cons, err := c.js.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{c.names.Events(id)},
-		})
-		if err != nil {
-			yield(nil, fmt.Errorf("watch %s: %w", id, err))
-			return
-		}
-		msgs, err := cons.Messages()
-		if err != nil {
-			yield(nil, fmt.Errorf("watch %s: %w", id, err))
-			return
-		}
-		defer msgs.Stop()
-		stop := context.AfterFunc(ctx, msgs.Stop)
-		defer stop()
-		for {
-			m, err := msgs.Next()
+		// Listen first, then read the history: what is heard twice is
+		// told apart by its stream sequence.
+		live := make(chan *nats.Msg, 1024)
+		var subs []*nats.Subscription
+		defer func() {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+		}()
+		for _, subject := range []string{c.names.JobLive(c.tenant, "*", "*", id), c.names.JobNotices(c.tenant, "*", id)} {
+			s, err := c.nc.ChanSubscribe(subject, live)
 			if err != nil {
-				if ctx.Err() != nil {
-					err = ctx.Err()
-				}
 				yield(nil, fmt.Errorf("watch %s: %w", id, err))
 				return
 			}
-			e, err := job.DecodeEvent(m.Data())
-			if err != nil {
-				// Not ours to judge further: report it and go on.
+			subs = append(subs, s)
+		}
+		h, err := c.History(ctx, id)
+		if err != nil {
+			yield(nil, fmt.Errorf("watch %s: %w", id, err))
+			return
+		}
+		last := uint64(0)
+		for i, rec := range h.Records {
+			last = h.Seqs[i]
+			e := job.EventOf(rec)
+			if !yield(e, nil) || e.Type.Final() {
+				return
+			}
+		}
+		for {
+			var m *nats.Msg
+			select {
+			case m = <-live:
+			case <-ctx.Done():
+				yield(nil, fmt.Errorf("watch %s: %w", id, ctx.Err()))
+				return
+			}
+			var e *job.Event
+			if seq := m.Header.Get(jetstream.SequenceHeader); seq != "" {
+				n, _ := strconv.ParseUint(seq, 10, 64)
+				if n <= last {
+					continue // in the history already
+				}
+				last = n
+				var rec job.Record
+				if err := json.Unmarshal(m.Data, &rec); err != nil {
+					if !yield(nil, fmt.Errorf("watch %s: %w", id, err)) {
+						return
+					}
+					continue
+				}
+				e = job.EventOf(&rec)
+			} else if e, err = job.DecodeEvent(m.Data); err != nil {
 				if !yield(nil, err) {
 					return
 				}
@@ -296,29 +364,11 @@ type CancelReply = job.CancelReply
 
 // Cancel asks the dispatcher to cancel a job, in whatever state it is.
 func (c *Client) Cancel(ctx context.Context, id string) (*CancelReply, error) {
-	if !job.ValidID(id) {
-		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
+	var r CancelReply
+	if err := c.request(ctx, "cancel", id, &r); err != nil {
+		return nil, err
 	}
-	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
-	defer cancel()
-	m, err := c.nc.RequestWithContext(ctx, c.names.Cancel(id), nil)
-	if err != nil {
-		return nil, fmt.Errorf("cancel %s: %w", id, err)
-	}
-	var reply struct {
-		job.CancelReply
-		job.ErrorReply
-	}
-	if err := json.Unmarshal(m.Data, &reply); err != nil {
-		return nil, fmt.Errorf("cancel %s: unreadable answer: %w", id, err)
-	}
-	if reply.NotFound {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
-	if reply.Error != "" {
-		return nil, fmt.Errorf("cancel %s: %s", id, reply.Error)
-	}
-	return &reply.CancelReply, nil
+	return &r, nil
 }
 
 func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {

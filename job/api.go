@@ -1,7 +1,6 @@
 package job
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -13,7 +12,12 @@ import (
 // state, or the reason it was rejected.
 type SubmitReply struct {
 	JobID string `json:"job_id,omitempty"`
-	State State  `json:"state,omitempty"`
+	// Tenant, Pool and Priority place the job (v2): its records are on
+	// <prefix>.t.<tenant>.job.<pool>.*.<job_id>.
+	Tenant   string `json:"tenant,omitempty"`
+	Pool     string `json:"pool,omitempty"`
+	Priority int    `json:"priority,omitempty"`
+	State    State  `json:"state,omitempty"`
 	// Duplicate is set when a job with this id already exists; the request
 	// was not run again.
 	Duplicate bool   `json:"duplicate,omitempty"`
@@ -47,6 +51,24 @@ type StatusReply struct {
 	Result *Result `json:"result,omitempty"`
 }
 
+// StatusOf is the status of a job whose last record version is rec: the
+// record without its request and its result, and the result beside it.
+func StatusOf(rec *Record) *StatusReply {
+	c := *rec
+	c.Request, c.Secrets, c.Result = nil, "", nil
+	return &StatusReply{Job: &c, Result: rec.Result}
+}
+
+// HistoryReply is every version of a job's record, oldest first, as its
+// pool's stream keeps them: the job's lifecycle (v2).
+type HistoryReply struct {
+	Records []*Record `json:"records"`
+	// Seqs are the records' sequences in their pool's stream, which the
+	// live copies carry in their Nats-Sequence header: a follower that
+	// listens first and reads the history second drops what it heard twice.
+	Seqs []uint64 `json:"seqs"`
+}
+
 // NewStatusReply joins a job's record with its result. A worker publishes the
 // result just before it records the end, and a reader may come in between:
 // when the record still says the job runs, the result is the truth.
@@ -74,27 +96,19 @@ type ErrorReply struct {
 // dead-letter stream keeps it, with the job's last failure.
 type DeadLetter struct {
 	JobID    string    `json:"job_id"`
+	Tenant   string    `json:"tenant,omitempty"`
 	Pool     string    `json:"pool"`
 	Attempts int       `json:"attempts"`
 	Failure  Failure   `json:"failure"`
 	Time     time.Time `json:"time"`
 	Seq      uint64    `json:"seq"`
-	// Request is the decoded request; Document is the request as it was
-	// submitted, env included. Neither is ever printed.
+	// Request is the request, its env values and inputs' contents sealed
+	// in Secrets (which a dispatcher can open); Document is the dead
+	// letter as stored. None is ever printed.
 	Request  *Request `json:"-"`
+	Secrets  string   `json:"-"`
 	Document []byte   `json:"-"`
 }
 
 // RetryID is the id of the n-th retry of a dead-lettered job.
 func RetryID(id string, n int) string { return fmt.Sprintf("%s-retry-%d", id, n) }
-
-// Resubmission returns the dead letter's request with its id replaced by
-// id, the rest of the document (env included) as it was submitted.
-func (d *DeadLetter) Resubmission(id string) ([]byte, error) {
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(d.Document, &doc); err != nil {
-		return nil, fmt.Errorf("dead letter of %s: %w", d.JobID, err)
-	}
-	doc["id"], _ = json.Marshal(id)
-	return json.Marshal(doc)
-}

@@ -34,7 +34,9 @@ func (t EventType) Final() bool {
 // Event is a lifecycle event (schema lifecycle-event.v1), published on
 // <prefix>.events.<job_id>.
 type Event struct {
-	JobID    string    `json:"job_id"`
+	JobID string `json:"job_id"`
+	// Tenant owns the job (v2).
+	Tenant   string    `json:"tenant,omitempty"`
 	Attempt  int       `json:"attempt"`
 	Type     EventType `json:"type"`
 	Time     time.Time `json:"time"`
@@ -77,4 +79,7 @@ const (
 	PhaseAwaitingOwner = "awaiting_owner"
 	// PhaseUsage: a heartbeat event that carries the attempt's usage.
 	PhaseUsage = "usage"
+	// PhaseCancelRequested: a cancel reached a running attempt, whose
+	// worker is told to stop it (v2).
+	PhaseCancelRequested = "cancel_requested"
 )

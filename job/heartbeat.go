@@ -60,6 +60,8 @@ type GPUs struct {
 
 // RunningAttempt is one attempt a worker holds.
 type RunningAttempt struct {
+	// Tenant owns the job (v2); absent for the default tenant.
+	Tenant      string    `json:"tenant,omitempty"`
 	JobID       string    `json:"job_id"`
 	Attempt     int       `json:"attempt"`
 	StartedAt   time.Time `json:"started_at"`

@@ -13,6 +13,7 @@ import (
 // Defaults applied to a request by Normalize, as in the Rust seed.
 const (
 	DefaultPool           = "default"
+	DefaultPriority       = 3
 	DefaultCPU            = "1"
 	DefaultMemory         = "256Mi"
 	DefaultTimeout        = 60 * time.Second
@@ -48,6 +49,10 @@ type Request struct {
 	NodeID string `json:"node_id,omitempty"`
 	// Pool selects the workers that may run the job. Defaults to "default".
 	Pool string `json:"pool,omitempty"`
+	// Priority orders the jobs of a pool: 1 is the highest, 5 the lowest.
+	// A job of a higher priority starts before any queued job of a lower
+	// one. Defaults to 3 (schema v2).
+	Priority int `json:"priority,omitempty"`
 	// Image is the container image; required by docker and kubernetes pools.
 	Image   string            `json:"image,omitempty"`
 	Command []string          `json:"command,omitempty"`
@@ -262,6 +267,9 @@ func describeJSONError(err error) error {
 func (r *Request) Normalize() {
 	if r.Pool == "" {
 		r.Pool = DefaultPool
+	}
+	if r.Priority == 0 {
+		r.Priority = DefaultPriority
 	}
 	if r.PullPolicy == "" {
 		r.PullPolicy = PullIfNotPresent

@@ -28,12 +28,29 @@ func (s State) Final() bool {
 	return false
 }
 
-// Record is the latest state of one job, stored under its id in the
-// fleet-jobs bucket. It never holds the request's environment.
+// Record is the state of one job (schema job-record.v2). Every version of
+// it is a message of the job's pool's stream, so the versions of a job's
+// record are its lifecycle: the first queues the job and carries its
+// request, each later one says what happened (Event), and the final one
+// carries the job's one result. A record never holds an env value or an
+// input's contents in clear: the first version's request has them sealed
+// in Secrets, which only dispatchers and workers can open.
+//
+// In schema v1, the latest version of each job's record was kept in the
+// fleet-jobs bucket, without the fields marked v2.
 type Record struct {
-	ID          string     `json:"id"`
-	Pool        string     `json:"pool"`
-	State       State      `json:"state"`
+	ID string `json:"id"`
+	// Tenant owns the job: its producer submitted it as that tenant (v2).
+	Tenant   string `json:"tenant,omitempty"`
+	Pool     string `json:"pool"`
+	Priority int    `json:"priority,omitempty"` // v2
+	State    State  `json:"state"`
+	// Event says what this version records: queued, started,
+	// retry_scheduled, rejected, a final event, or heartbeat with a Phase
+	// (adopted, awaiting_owner); Message says more, for people (v2).
+	Event       EventType  `json:"event,omitempty"`
+	Phase       string     `json:"phase,omitempty"`
+	Message     string     `json:"message,omitempty"`
 	Attempt     int        `json:"attempt"`
 	MaxAttempts int        `json:"max_attempts"`
 	WorkerID    string     `json:"worker_id,omitempty"`
@@ -73,4 +90,47 @@ type Record struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	// History lists finished attempts that did not end the job.
 	History []Attempt `json:"history,omitempty"`
+	// Request is the job's request, in the version that queues the job
+	// only: its env keeps its names with empty values, and its inputs their
+	// names with empty contents; the values are in Secrets (v2).
+	Request *Request `json:"request,omitempty"`
+	// Secrets seals the request's env values and inputs' contents
+	// (AES-256-GCM, with the fleet's key; see queue.Sealer) (v2).
+	Secrets string `json:"secrets,omitempty"`
+	// Result is the job's one result, in its final version only (v2).
+	Result *Result `json:"result,omitempty"`
+}
+
+// Version returns the record without what only its first or final
+// version carries (the request, its secrets, the result): what a later
+// version starts from.
+func (r *Record) Version() *Record {
+	c := *r
+	c.Request, c.Secrets, c.Result = nil, "", nil
+	c.History = append([]Attempt(nil), r.History...)
+	c.Phase, c.Message = "", ""
+	return &c
+}
+
+// EventOf is the lifecycle event a record version stands for (schema
+// lifecycle-event.v1): what Event says happened, with the record's
+// attempt, worker, failure and message.
+func EventOf(r *Record) *Event {
+	e := &Event{JobID: r.ID, Tenant: r.Tenant, Attempt: r.Attempt, Type: r.Event, Time: r.UpdatedAt, WorkerID: r.WorkerID,
+		Pool: r.Pool, Backend: r.Backend, TraceID: r.TraceID, Message: r.Message, Phase: r.Phase}
+	switch {
+	case r.State.Final():
+		e.ExitCode, e.Failure = r.ExitCode, r.Failure
+	case r.State == StateRetrying:
+		e.ExitCode, e.Failure, e.NextAttemptAt = r.ExitCode, r.Failure, r.NextAttemptAt
+		if r.NextAttemptAt != nil {
+			d := Duration(r.NextAttemptAt.Sub(r.UpdatedAt))
+			e.Delay = &d
+		}
+	case r.State == StateRejected:
+		e.Failure = r.Failure
+	case r.State == StateQueued:
+		e.NextAttemptAt = r.NextAttemptAt
+	}
+	return e
 }

@@ -93,6 +93,20 @@ func ValidID(s string) bool { return len(s) <= 128 && idRE.MatchString(s) }
 // ValidPool reports whether s may name a pool.
 func ValidPool(s string) bool { return poolRE.MatchString(s) }
 
+// ValidTenant reports whether s may name a tenant: the same rule as a
+// pool's, since both are tokens of subjects and parts of bucket names.
+func ValidTenant(s string) bool { return poolRE.MatchString(s) }
+
+// Priorities of a request.
+const (
+	HighestPriority = 1
+	LowestPriority  = 5
+)
+
+// DefaultTenant is the tenant of every job on a fleet whose producers do
+// not authenticate, and of v1 submissions.
+const DefaultTenant = "default"
+
 // Validate checks every field of r against the contract and the limits. It
 // accepts a request before or after Normalize.
 func (r *Request) Validate(l Limits) error {
@@ -106,6 +120,9 @@ func (r *Request) Validate(l Limits) error {
 	v.text("node_id", r.NodeID, 256)
 	if r.Pool != "" && !ValidPool(r.Pool) {
 		v.add("pool", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(r.Pool, 40))
+	}
+	if r.Priority != 0 && (r.Priority < HighestPriority || r.Priority > LowestPriority) {
+		v.add("priority", "%d must be from %d (highest) to %d (lowest)", r.Priority, HighestPriority, LowestPriority)
 	}
 	if utf8.RuneCountInString(r.Image) > 512 || strings.ContainsAny(r.Image, " \t\n\f\r") {
 		v.add("image", "%q is not an image reference", truncate(r.Image, 40))

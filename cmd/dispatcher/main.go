@@ -57,6 +57,7 @@ type flags struct {
 	ackWait     time.Duration
 	maxRequest  int
 	memoryStore bool
+	v1          bool
 	pprof       bool
 	redis       cli.RedisFlags
 	admission   string
@@ -87,6 +88,9 @@ func run(args []string) error {
 	fs.DurationVar(&f.ackWait, "ack-wait", dispatcher.DefaultAckWait, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a request's inputs by reference (give workers the same)")
+	fs.BoolVar(&f.v1, "v1", true, "keep contract v1 working beside v2 for its producers and consumers: "+
+		"fleet.submit[.direct], fleet.cancel.<id>, fleet.events.<id>, fleet.results.<id> and the jobs bucket, "+
+		"for the default tenant (off in the production profiles; see the README's migration)")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
 	f.redis.Register(fs, "Redis holding the workers' heartbeats and slot leases")
 	fs.StringVar(&f.admission, "admission", monitor.AdmitReject,
@@ -197,7 +201,7 @@ func run(args []string) error {
 
 	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
-			AckWait: f.ackWait, MemoryStorage: f.memoryStore},
+			AckWait: f.ackWait, MemoryStorage: f.memoryStore, V1: f.v1},
 		Limits: job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
 		Logger: log,
 	}
@@ -226,7 +230,7 @@ func run(args []string) error {
 	api.Handle("GET /metrics", tel.Metrics)
 	var cons *console.Console
 	if f.console {
-		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Submit: d.Submit,
+		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Retry: d.RetryDeadLetter,
 			Lag:     d.Lag,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}

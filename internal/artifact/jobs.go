@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -79,11 +78,14 @@ type JobLogOptions struct {
 	Follow bool
 }
 
+// RecordFunc reads a job's record, which says which attempt runs.
+type RecordFunc func(ctx context.Context) (*job.Record, error)
+
 // OpenJobLog reads the logs of job id: one attempt's, or with Follow and
 // no attempt named, the latest attempt's and those after it until the
-// job ends. st is the jobs bucket, whose record says which attempt runs.
-func OpenJobLog(ctx context.Context, s *Store, st *queue.Store, id string, o JobLogOptions) io.ReadCloser {
-	return &logStream{ctx: ctx, s: s, st: st, id: id, o: o}
+// job ends. rec reads the job's record.
+func OpenJobLog(ctx context.Context, s *Store, rec RecordFunc, id string, o JobLogOptions) io.ReadCloser {
+	return &logStream{ctx: ctx, s: s, rec: rec, id: id, o: o}
 }
 
 // logStream reads the log of an attempt, and when following the latest,
@@ -91,7 +93,7 @@ func OpenJobLog(ctx context.Context, s *Store, st *queue.Store, id string, o Job
 type logStream struct {
 	ctx     context.Context
 	s       *Store
-	st      *queue.Store
+	rec     RecordFunc
 	id      string
 	o       JobLogOptions
 	attempt int // being read; 0 before the first
@@ -132,7 +134,7 @@ func (l *logStream) Read(p []byte) (int, error) {
 // when following; it sets done when there is none.
 func (l *logStream) next() error {
 	for {
-		rec, _, err := l.st.Get(l.ctx, l.id)
+		rec, err := l.rec(l.ctx)
 		if err != nil {
 			return fmt.Errorf("logs of %s: %w", l.id, err)
 		}
@@ -167,7 +169,7 @@ func (l *logStream) next() error {
 // on to another attempt, or ended.
 func (l *logStream) ended(n int) func(context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
-		rec, _, err := l.st.Get(ctx, l.id)
+		rec, err := l.rec(ctx)
 		if err != nil {
 			return false, err
 		}

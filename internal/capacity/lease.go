@@ -15,6 +15,8 @@ import (
 
 // Lease is one attempt's hold on a worker's capacity.
 type Lease struct {
+	// Tenant owns the job (contract v2); empty for the default tenant.
+	Tenant      string    `json:"tenant,omitempty"`
 	JobID       string    `json:"job_id"`
 	Attempt     int       `json:"attempt"`
 	CPUMilli    int64     `json:"cpu_milli"`
@@ -27,7 +29,15 @@ type Lease struct {
 }
 
 // field names the lease in the worker's slots hash.
-func (l Lease) field() string { return fmt.Sprintf("l:%s/%d", l.JobID, l.Attempt) }
+//
+//	l:<job>/<attempt>           a default-tenant job's
+//	l:<tenant>/<job>/<attempt>  another tenant's
+func (l Lease) field() string {
+	if l.Tenant == "" || l.Tenant == job.DefaultTenant {
+		return fmt.Sprintf("l:%s/%d", l.JobID, l.Attempt)
+	}
+	return fmt.Sprintf("l:%s/%s/%d", l.Tenant, l.JobID, l.Attempt)
+}
 
 // handle is the lease's handle as stored: "-" when it has none.
 func (l Lease) handle() string { return cmp.Or(l.Handle, "-") }
@@ -160,12 +170,12 @@ func syncArgs(ttl time.Duration, t Totals, leases []Lease) []any {
 
 // Holds reports whether worker is alive (its heartbeat has not expired) and
 // holds the lease of a job's attempt: then it still runs it.
-func (s *Store) Holds(ctx context.Context, worker, jobID string, attempt int) (bool, error) {
+func (s *Store) Holds(ctx context.Context, worker, tenant, jobID string, attempt int) (bool, error) {
 	var alive *redis.IntCmd
 	var held *redis.BoolCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		alive = p.Exists(ctx, s.hbKey(worker))
-		held = p.HExists(ctx, s.slotsKey(worker), Lease{JobID: jobID, Attempt: attempt}.field())
+		held = p.HExists(ctx, s.slotsKey(worker), Lease{Tenant: tenant, JobID: jobID, Attempt: attempt}.field())
 		return nil
 	})
 	if err != nil {

@@ -22,7 +22,7 @@ type Capacity interface {
 // still runs an attempt: a job recorded as running is then left to it,
 // rather than run again, when JetStream delivers it to another worker.
 type Holder interface {
-	Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error)
+	Holds(ctx context.Context, workerID, tenant, jobID string, attempt int) (bool, error)
 }
 
 // Peers is implemented by a Capacity that knows what the other live

@@ -148,6 +148,9 @@ func (s *Store) Leases(ctx context.Context, worker string) ([]Lease, error) {
 			continue
 		}
 		l.JobID = rest[:slash]
+		if t, id, ok := strings.Cut(l.JobID, "/"); ok {
+			l.Tenant, l.JobID = t, id
+		}
 		if _, err := fmt.Sscanf(rest[slash+1:], "%d", &l.Attempt); err != nil {
 			continue
 		}

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // Actions.
@@ -23,7 +23,7 @@ func (c *Console) cancel(_ http.ResponseWriter, r *http.Request) (string, error)
 	id := r.PathValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	reply, err := c.cfg.Cancel(ctx, id)
+	reply, err := c.cfg.Cancel(ctx, job.DefaultTenant, id)
 	if err != nil {
 		return "", err
 	}
@@ -35,7 +35,7 @@ func (c *Console) cancel(_ http.ResponseWriter, r *http.Request) (string, error)
 func (c *Console) retry(ctx context.Context, id string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	reply, err := queue.RetryDeadLetter(ctx, c.cfg.JS, c.names, id, c.cfg.Submit)
+	reply, err := c.cfg.Retry(ctx, job.DefaultTenant, id)
 	if err != nil {
 		return "", err
 	}

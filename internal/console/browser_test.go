@@ -54,7 +54,7 @@ func startSite(t *testing.T, o siteOptions) *site {
 	s := &site{f: fleettest.Start(t), workDir: t.TempDir()}
 	d := s.f.Dispatcher
 	lag := d.Lag
-	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit, Lag: lag, ReadOnly: o.readOnly,
+	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
 	if o.redisURL != "" {
@@ -316,7 +316,7 @@ func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
 	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
 	traced := trace.ContextWithSpanContext(context.Background(),
 		trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true}))
-	if reply, err := s.f.Dispatcher.Submit(traced, []byte(`{"id": "traced-1", "command": ["true"]}`)); err != nil || reply.Rejected() {
+	if reply, err := s.f.Dispatcher.Submit(traced, "default", []byte(`{"id": "traced-1", "command": ["true"]}`)); err != nil || reply.Rejected() {
 		t.Fatalf("submit: %+v %v", reply, err)
 	}
 	b.open(t, s.url("/ui/jobs/traced-1"))
@@ -595,7 +595,7 @@ func TestConsolesAgreeAndRebuildFromTheBucket(t *testing.T) {
 	s.f.Submit(t, &job.Request{ID: "agree-waiting", Pool: "nobody-serves-this", Command: []string{"true"}})
 
 	d := s.f.Dispatcher
-	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Submit: d.Submit,
+	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Retry: d.RetryDeadLetter,
 		Logger: fleettest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

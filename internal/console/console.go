@@ -44,11 +44,11 @@ type Config struct {
 	// Capacity reads the workers' heartbeats and the lost workers.
 	// Optional: without it the workers page says capacity is off.
 	Capacity *capacity.Store
-	// Cancel cancels a job (the dispatcher's Cancel).
-	Cancel func(ctx context.Context, id string) (*job.CancelReply, error)
-	// Submit submits a request document (the dispatcher's Submit), for
-	// retries of dead letters.
-	Submit func(ctx context.Context, data []byte) (*job.SubmitReply, error)
+	// Cancel cancels a tenant's job (the dispatcher's Cancel).
+	Cancel func(ctx context.Context, tenant, id string) (*job.CancelReply, error)
+	// Retry submits a tenant's dead-lettered job again (the dispatcher's
+	// RetryDeadLetter).
+	Retry func(ctx context.Context, tenant, id string) (*job.SubmitReply, error)
 	// Lag returns each pool's consumer lag. Optional.
 	Lag func() map[string]queue.Lag
 	// Auth decides who may use the console; nil leaves it open, which the

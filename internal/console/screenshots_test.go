@@ -79,7 +79,7 @@ func TestConsoleScreenshots(t *testing.T) {
 
 	time.Sleep(3 * time.Second)
 	ctx := context.Background()
-	if _, err := s.f.Dispatcher.Cancel(ctx, cancelled); err != nil {
+	if _, err := s.f.Dispatcher.Cancel(ctx, "default", cancelled); err != nil {
 		t.Fatal(err)
 	}
 	// A worker dies with a job: it shows among the lost.

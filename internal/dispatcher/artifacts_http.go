@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -41,7 +42,12 @@ func (a *API) artifactStore() *artifact.Store {
 func (a *API) output(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	id, name := r.PathValue("id"), r.PathValue("name")
-	st, err := a.d.Status(ctx, id)
+	tenant, err := TenantOf(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	st, err := a.d.Status(ctx, tenant, id)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -86,11 +92,12 @@ func (a *API) logs(w http.ResponseWriter, r *http.Request) {
 		}
 		follow = b
 	}
-	if !job.ValidID(id) {
-		a.fail(w, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id))
+	tenant, err := TenantOf(r)
+	if err != nil {
+		a.fail(w, err)
 		return
 	}
-	rec, _, err := a.d.store.Get(ctx, id)
+	rec, _, err := a.d.find(ctx, tenant, id)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -121,7 +128,12 @@ func (a *API) logs(w http.ResponseWriter, r *http.Request) {
 		a.stream(w, r, lr, false)
 		return
 	}
-	lr := artifact.OpenJobLog(ctx, a.artifactStore(), a.d.store, id, artifact.JobLogOptions{Attempt: attempt, Follow: true})
+	k := queue.Key(rec)
+	latest := func(ctx context.Context) (*job.Record, error) {
+		rec, _, err := a.d.jobs.Latest(ctx, k)
+		return rec, err
+	}
+	lr := artifact.OpenJobLog(ctx, a.artifactStore(), latest, id, artifact.JobLogOptions{Attempt: attempt, Follow: true})
 	defer lr.Close()
 	a.stream(w, r, lr, true)
 }

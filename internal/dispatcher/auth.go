@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -10,19 +11,30 @@ import (
 	"net/http"
 	"os"
 	"strings"
+
+	"github.com/fleet-dev/fleet/job"
 )
 
 // Auth guards the API's /v1/ routes with bearer tokens, client
 // certificates, or both. Health, readiness and metrics stay open: they
 // reveal nothing about jobs, and probes and scrapers rarely carry either.
+//
+// A token acts as one tenant, or, given without one, as an operator, who
+// may act as any tenant (the Fleet-Tenant header says which; the default
+// tenant without it). A client certificate is an operator's.
 type Auth struct {
-	tokens [][32]byte // hashed: compared in constant time, whatever their length
+	tokens  [][32]byte // hashed: compared in constant time, whatever their length
+	tenants []string   // the tenant of each token; "" for an operator's
 	// Certs lets in clients whose certificate the TLS server verified.
 	Certs bool
 }
 
-// LoadTokens reads bearer tokens from a file, one per line; blank lines and
-// lines starting with # are skipped.
+// TenantHeader names the tenant an operator's request acts as.
+const TenantHeader = "Fleet-Tenant"
+
+// LoadTokens reads bearer tokens from a file, one per line: the token, and
+// after a space the tenant it acts as, or nothing for an operator's token.
+// Blank lines and lines starting with # are skipped.
 func (a *Auth) LoadTokens(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -33,10 +45,16 @@ func (a *Auth) LoadTokens(path string) error {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if len(line) < 16 {
+		tok, tenant, _ := strings.Cut(line, " ")
+		tenant = strings.TrimSpace(tenant)
+		if len(tok) < 16 {
 			return errors.New("api tokens: a token shorter than 16 characters is too easy to guess")
 		}
-		a.tokens = append(a.tokens, sha256.Sum256([]byte(line)))
+		if tenant != "" && !job.ValidTenant(tenant) {
+			return fmt.Errorf("api tokens: tenant %q must be 1 to 64 characters of [A-Za-z0-9_-]", tenant)
+		}
+		a.tokens = append(a.tokens, sha256.Sum256([]byte(tok)))
+		a.tenants = append(a.tenants, tenant)
 	}
 	if len(a.tokens) == 0 {
 		return fmt.Errorf("api tokens: %s holds no token", path)
@@ -47,8 +65,12 @@ func (a *Auth) LoadTokens(path string) error {
 // Wrap returns h guarded by the tokens.
 func (a *Auth) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/v1/") || a.allowed(r) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
 			h.ServeHTTP(w, r)
+			return
+		}
+		if p, ok := a.who(r); ok {
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fleet"`)
@@ -56,20 +78,50 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 	})
 }
 
-func (a *Auth) allowed(r *http.Request) bool {
+// principal is who a request acts as: a tenant, or an operator.
+type principal struct{ tenant string }
+
+type principalKey struct{}
+
+// who says who r acts as, and whether it may come in at all.
+func (a *Auth) who(r *http.Request) (principal, bool) {
 	if a.Certs && r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
-		return true
+		return principal{}, true
 	}
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || tok == "" {
-		return false
+		return principal{}, false
 	}
 	sum := sha256.Sum256([]byte(tok))
-	match := 0
-	for _, t := range a.tokens {
-		match |= subtle.ConstantTimeCompare(sum[:], t[:])
+	match := -1
+	for i, t := range a.tokens {
+		if subtle.ConstantTimeCompare(sum[:], t[:]) == 1 {
+			match = i
+		}
 	}
-	return match == 1
+	if match < 0 {
+		return principal{}, false
+	}
+	return principal{tenant: a.tenants[match]}, true
+}
+
+// TenantOf says which tenant an API request acts as: its token's, or, for
+// an operator (and on an open API), the Fleet-Tenant header's, the default
+// tenant without one. A token of one tenant asking for another is refused.
+func TenantOf(r *http.Request) (string, error) {
+	asked := r.Header.Get(TenantHeader)
+	p, _ := r.Context().Value(principalKey{}).(principal)
+	switch {
+	case p.tenant != "" && asked != "" && asked != p.tenant:
+		return "", fmt.Errorf("%w: this token acts as tenant %s, not %s", errForbidden, p.tenant, asked)
+	case p.tenant != "":
+		return p.tenant, nil
+	case asked == "":
+		return job.DefaultTenant, nil
+	case !job.ValidTenant(asked):
+		return "", fmt.Errorf("%w: %s %q must be 1 to 64 characters of [A-Za-z0-9_-]", errInvalid, TenantHeader, asked)
+	}
+	return asked, nil
 }
 
 // Loopback reports whether addr (host:port) listens on loopback only.

@@ -99,23 +99,30 @@ type Dispatcher struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	names queue.Names
+	// jobs keeps the jobs' records in their pools' streams (v2); sealer
+	// seals the requests' secrets in them.
+	jobs   *queue.Jobs
+	sealer *queue.Sealer
+	// store is the v1 jobs bucket, with V1 only.
 	store *queue.Store
 	log   *slog.Logger
 	m     metrics
 
 	replies *replies
-	pools   sync.Map // pool → the stream of its jobs, once ensured
-	peers   *peers
-	lag     *lag
+	pools   sync.Map // pool → true, once its stream is ensured
+	// poolNames lists the pools that have a stream, as last listed.
+	poolsMu     sync.Mutex
+	poolNames   []string
+	poolsListed time.Time
+	peers       *peers
+	lag         *lag
 	// background holds the dispatcher's loops, stopped in reverse.
 	background lifecycle.Group
-	core       *nats.Subscription
-	direct     *nats.Subscription
-	cancels    *nats.Subscription
-	poolReq    *nats.Subscription
+	// subs are the subscriptions, dropped first at Stop.
+	subs []*nats.Subscription
 	// poolStates is the pools bucket: what operators set about pools.
 	poolStates jetstream.KeyValue
-	intake     jetstream.MessagesContext
+	intakes    []jetstream.MessagesContext
 	// inFlight counts the submissions and requests being processed, which
 	// Stop waits for.
 	inFlight sync.WaitGroup
@@ -156,20 +163,17 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err := queue.Setup(ctx, d.js, d.cfg.Queue, d.log); err != nil {
 		return err
 	}
-	store, err := queue.NewStore(ctx, d.js, d.names, d.log)
+	d.jobs = queue.NewJobs(d.js, d.names)
+	sealer, err := queue.OpenSealer(ctx, d.js, d.names, true, d.log)
 	if err != nil {
 		return err
 	}
-	d.store = store
-	cons, err := queue.IntakeConsumer(ctx, d.js, d.cfg.Queue, d.log)
-	if err != nil {
-		return err
-	}
-	intake, err := queue.OpenBucket(ctx, d.js, d.names.IntakeBucket(), d.log)
-	if err != nil {
-		return err
-	}
+	d.sealer = sealer
 	if d.poolStates, err = queue.OpenBucket(ctx, d.js, d.names.PoolsBucket(), d.log); err != nil {
+		return err
+	}
+	intake, err := queue.IntakeConsumerV2(ctx, d.js, d.cfg.Queue, d.log)
+	if err != nil {
 		return err
 	}
 	p, pinging, err := d.startPeers()
@@ -180,17 +184,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err := d.background.Start(ctx, "announcing the dispatcher", pinging); err != nil {
 		return err
 	}
-	d.replies.peers, d.replies.claim = p.any, claimer(intake)
-	// Every dispatcher sees the core copy of every request sent with a reply
-	// subject; the one that processes its stream copy answers it.
-	d.core, err = d.nc.Subscribe(d.names.Submit(), d.replies.onRequest)
-	if err != nil {
-		return fmt.Errorf("subscribe to %s: %w", d.names.Submit(), err)
-	}
-	// Submissions sent to the direct subject are answered by one
+	// Submissions that wait for their answer are answered by one
 	// dispatcher of the group, at once: nothing is stored before the job.
 	directs := make(chan *nats.Msg, directBuffer)
-	d.direct, err = d.nc.QueueSubscribe(d.names.SubmitDirect(), queueGroup, func(m *nats.Msg) {
+	onDirect := func(m *nats.Msg) {
 		select {
 		case directs <- m:
 		default:
@@ -198,22 +195,31 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			// it without a word.
 			d.busy(m)
 		}
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe to %s: %w", d.names.SubmitDirect(), err)
 	}
-	d.cancels, err = d.nc.QueueSubscribe(d.names.AllCancels(), queueGroup, d.onCancel)
-	if err != nil {
-		return fmt.Errorf("subscribe to %s: %w", d.names.AllCancels(), err)
+	subscribe := map[string]nats.MsgHandler{
+		d.names.AllSubmitV2():          onDirect,
+		d.names.AllRequests("cancel"):  d.onRequest,
+		d.names.AllRequests("status"):  d.onRequest,
+		d.names.AllRequests("history"): d.onRequest,
+		d.names.AllPools():             d.onPool,
 	}
-	d.poolReq, err = d.nc.QueueSubscribe(d.names.AllPools(), queueGroup, d.onPool)
-	if err != nil {
-		return fmt.Errorf("subscribe to %s: %w", d.names.AllPools(), err)
+	if d.cfg.Queue.V1 {
+		if err := d.startV1(ctx, subscribe, onDirect); err != nil {
+			return err
+		}
 	}
-	d.intake, err = cons.Messages(jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", d.names.SubmitStream(), err)
+	for subject, h := range subscribe {
+		sub, err := d.nc.QueueSubscribe(subject, queueGroup, h)
+		if err != nil {
+			return fmt.Errorf("subscribe to %s: %w", subject, err)
+		}
+		d.subs = append(d.subs, sub)
 	}
+	msgs, err := intake.Messages(jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", d.names.IntakeStream(), err)
+	}
+	d.intakes = append(d.intakes, msgs)
 	unregister := d.lagGauges()
 	lagLoop := lifecycle.NewEvery(lagEvery, d.refreshLag)
 	type service struct {
@@ -221,13 +227,19 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		svc  lifecycle.Service
 	}
 	services := []service{
-		{"the submit stream's intake", &goService{run: d.consume}},
 		{"the direct submissions", &goService{run: func(ctx context.Context) error { return d.serveDirect(ctx, directs) }}},
-		{"the sweep of unanswered requests", lifecycle.NewEvery(time.Second, d.replies.sweep)},
 		{"the pools' lag", lifecycle.Func{StartFunc: lagLoop.Start, StopFunc: func(ctx context.Context) error {
 			defer unregister()
 			return lagLoop.Stop(ctx)
 		}}},
+	}
+	for _, m := range d.intakes {
+		services = append(services, service{"the intake of stored submissions", &goService{run: func(ctx context.Context) error {
+			return d.consume(ctx, m)
+		}}})
+	}
+	if d.cfg.Queue.V1 {
+		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
 	}
 	if d.cfg.Queue.Replicas > 1 {
 		services = append(services, service{"the balancer of streams' leaders", lifecycle.NewEvery(balanceEvery, func(ctx context.Context) {
@@ -244,7 +256,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 	}
 	close(d.ready)
-	d.log.Info("dispatcher started", "submit", d.names.Submit())
+	d.log.Info("dispatcher started", "submit", d.names.AllSubmitV2(), "v1", d.cfg.Queue.V1)
 	return nil
 }
 
@@ -264,13 +276,11 @@ func (d *Dispatcher) Ready() error {
 // Stop stops taking submissions and waits, until ctx ends, for those in
 // progress. Unfinished ones are redelivered to another dispatcher.
 func (d *Dispatcher) Stop(ctx context.Context) error {
-	if d.intake != nil {
-		d.intake.Stop()
+	for _, m := range d.intakes {
+		m.Stop()
 	}
-	for _, s := range []*nats.Subscription{d.core, d.direct, d.cancels, d.poolReq} {
-		if s != nil {
-			_ = s.Unsubscribe()
-		}
+	for _, s := range d.subs {
+		_ = s.Unsubscribe()
 	}
 	err := d.background.Stop(ctx)
 	done := make(chan struct{})
@@ -297,12 +307,12 @@ func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
 // Store returns the job-state store, for the HTTP API and the reaper.
 func (d *Dispatcher) Store() *queue.Store { return d.store }
 
-// consume processes the submit stream, many submissions at once, until
+// consume processes a stream of stored submissions, many at once, until
 // ctx ends. A read that fails is tried again after a backoff.
-func (d *Dispatcher) consume(ctx context.Context) error {
+func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesContext) error {
 	wait := lifecycle.Backoff(ctx, 50*time.Millisecond, 5*time.Second)
 	for {
-		msg, err := d.intake.Next()
+		msg, err := intake.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return nil
@@ -373,7 +383,7 @@ func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) err
 // it is never accepted twice).
 func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(m.Header))
-	reply, err := d.process(pctx, m.Data, 0)
+	reply, err := d.process(pctx, d.tenantOf(m.Subject), m.Data)
 	if m.Reply == "" {
 		if err != nil {
 			d.log.Warn("direct submission without a reply subject not processed", "err", err)
@@ -390,6 +400,15 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	_ = m.Respond(data)
+}
+
+// tenantOf is the tenant of a submission's subject: the v2 subject names
+// it, a v1 submission is the default tenant's.
+func (d *Dispatcher) tenantOf(subject string) string {
+	if tenant, verb, _, ok := d.names.ParseTenantRequest(subject); ok && (verb == "submit" || verb == "intake") {
+		return tenant
+	}
+	return job.DefaultTenant
 }
 
 // busy answers a direct submission with NATS' "no responders" status, on

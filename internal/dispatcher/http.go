@@ -118,7 +118,12 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, &job.SubmitReply{Error: "reading request: " + err.Error()})
 		return
 	}
-	reply, err := a.d.Submit(r.Context(), body)
+	tenant, err := TenantOf(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	reply, err := a.d.Submit(r.Context(), tenant, body)
 	if reply != nil {
 		reply.Stream, reply.Seq = "", 0 // for JetStream publishers only
 	}
@@ -136,7 +141,12 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
-	s, err := a.d.Status(r.Context(), r.PathValue("id"))
+	tenant, err := TenantOf(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	s, err := a.d.Status(r.Context(), tenant, r.PathValue("id"))
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -145,7 +155,12 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) cancel(w http.ResponseWriter, r *http.Request) {
-	c, err := a.d.Cancel(r.Context(), r.PathValue("id"))
+	tenant, err := TenantOf(r)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	c, err := a.d.Cancel(r.Context(), tenant, r.PathValue("id"))
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -188,6 +203,10 @@ func (a *API) fail(w http.ResponseWriter, err error) {
 	}
 	if isInvalid(err) {
 		writeJSON(w, http.StatusBadRequest, &job.ErrorReply{Error: err.Error()})
+		return
+	}
+	if errors.Is(err, errForbidden) {
+		writeJSON(w, http.StatusForbidden, &job.ErrorReply{Error: err.Error()})
 		return
 	}
 	a.d.log.Warn("request failed", "err", err)

@@ -15,9 +15,11 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// intakeOne processes one message of the submit stream. The message is
-// acknowledged once its job is safely published (or it is rejected); if the
-// fleet cannot decide now, it is redelivered.
+// intakeOne processes one stored submission (of the v2 intake stream, or
+// the v1 submit stream). The message is acknowledged once its job is
+// queued (or it is rejected); if the fleet cannot decide now, it is
+// redelivered. A v1 submission's request is answered here, when the
+// dispatcher saw it (see replies).
 func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
@@ -26,17 +28,19 @@ func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(msg.Headers()))
-	reply, err := d.process(pctx, msg.Data(), meta.Sequence.Stream)
+	reply, err := d.process(pctx, d.tenantOf(msg.Subject()), msg.Data())
 	if err != nil {
 		d.log.Warn("submission not processed; it will be redelivered", "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	reply.Stream, reply.Seq = meta.Stream, meta.Sequence.Stream
 	if err := msg.Ack(); err != nil {
 		d.log.Warn("ack submission", "err", err)
 	}
-	d.replies.answer(replyKey(msg.Data(), msg.Headers()), reply)
+	if msg.Subject() == d.names.Submit() {
+		reply.Stream, reply.Seq = meta.Stream, meta.Sequence.Stream
+		d.replies.answer(replyKey(msg.Data(), msg.Headers()), reply)
+	}
 }
 
 // replies pairs requests with their answers.

@@ -101,4 +101,7 @@ func (d *Dispatcher) poolRequest(ctx context.Context, m *nats.Msg) (*job.PoolSta
 // asked; its message is for the operator.
 var errInvalid = errors.New("invalid request")
 
+// errForbidden is a request its principal may not make.
+var errForbidden = errors.New("forbidden")
+
 func isInvalid(err error) bool { return errors.Is(err, errInvalid) }

@@ -36,11 +36,14 @@ type Adopter interface {
 	// removes what earlier lives of worker workerID left behind, except
 	// the attempts for which adoptable reports true (their job's record
 	// still says that attempt runs): those are left for adoption.
-	RecoverAdoptable(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error
+	// The job's tenant is "" for the default tenant's.
+	RecoverAdoptable(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) error
 }
 
 // Query names an attempt that a job's record says runs.
 type Query struct {
+	// Tenant owns the job; "" or job.DefaultTenant for the default one.
+	Tenant  string
 	JobID   string
 	Attempt int
 	// Owner is the worker the record names.
@@ -123,6 +126,7 @@ type UsageReader interface {
 
 // AttemptID names one attempt of a job.
 type AttemptID struct {
+	Tenant  string // "" for the default tenant
 	JobID   string
 	Attempt int
 }
@@ -132,7 +136,8 @@ type AttemptID struct {
 // $FLEET_DATA, /fleet/data in a container.
 type DataKeeper interface {
 	// RemoveData removes the job's data directory; nothing if it has none.
-	RemoveData(ctx context.Context, jobID string) error
+	// tenant is "" for the default tenant.
+	RemoveData(ctx context.Context, tenant, jobID string) error
 	// Data lists the data directories on the backend, with when each was
 	// made, so that those of finished jobs are removed.
 	Data(ctx context.Context) ([]DataDir, error)
@@ -140,6 +145,7 @@ type DataKeeper interface {
 
 // DataDir is one job's data directory.
 type DataDir struct {
+	Tenant  string // "" for the default tenant
 	JobID   string
 	Created time.Time
 }

@@ -31,6 +31,10 @@ type Validator interface {
 
 // Task is one attempt handed to an executor.
 type Task struct {
+	// Tenant owns the job (contract v2): "" or job.DefaultTenant for the
+	// default tenant, whose jobs executors name and label as before.
+	// Job ids are a tenant's own, so an executor tells jobs apart by both.
+	Tenant   string
 	JobID    string
 	Attempt  int
 	WorkerID string
@@ -189,4 +193,29 @@ func StatusOf(f *job.Failure) job.Status {
 		return job.StatusCancelled
 	}
 	return job.StatusFailed
+}
+
+// TenantKey is how executors keep a job's tenant in names and labels: ""
+// for the default tenant, whose jobs they name as before tenants were, and
+// the tenant otherwise.
+func TenantKey(tenant string) string {
+	if tenant == job.DefaultTenant {
+		return ""
+	}
+	return tenant
+}
+
+// TenantsDir is the folder, in a folder of per-job folders named by job
+// id, that holds the other tenants' jobs' folders, by tenant: it is not a
+// valid job id, so it cannot be a job's.
+const TenantsDir = "@tenants"
+
+// JobPath is the relative path of a job's folder in a folder of per-job
+// folders: <job id> for the default tenant's, @tenants/<tenant>/<job id>
+// for another's.
+func JobPath(tenant, jobID string) string {
+	if t := TenantKey(tenant); t != "" {
+		return TenantsDir + "/" + t + "/" + jobID
+	}
+	return jobID
 }

@@ -45,9 +45,13 @@ func (s *UsageSampler) Latest(ctx context.Context) map[AttemptID]*job.Usage {
 	return s.last
 }
 
-// Of returns the latest reading of one attempt, or nil.
-func (s *UsageSampler) Of(ctx context.Context, jobID string, attempt int) *job.Usage {
-	return s.Latest(ctx)[AttemptID{jobID, attempt}]
+// Of returns the latest reading of one attempt, or nil; tenant is "" for
+// the default tenant.
+func (s *UsageSampler) Of(ctx context.Context, tenant, jobID string, attempt int) *job.Usage {
+	if tenant == job.DefaultTenant {
+		tenant = ""
+	}
+	return s.Latest(ctx)[AttemptID{Tenant: tenant, JobID: jobID, Attempt: attempt}]
 }
 
 // CPUMeter turns cumulative CPU times into percents of one core between

@@ -1,10 +1,11 @@
 package queue
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,13 +13,13 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// DeadLetters reads the dead letters of pool, or of every pool when pool is
-// empty, oldest first. Messages that are not dead letters are skipped.
-func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, pool string) ([]*job.DeadLetter, error) {
-	subject := n.AllDLQ()
-	if pool != "" {
-		subject = n.DLQ(pool)
-	}
+// DeadLetters reads the dead letters of pool and tenant, oldest first: an
+// empty pool or tenant is every one. Messages that are not dead letters
+// are skipped. A dead letter is the message that queued its job (contract
+// v2): its request's secrets are sealed, and only a dispatcher can submit
+// it again (see RetryDeadLetter).
+func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, tenant, pool string) ([]*job.DeadLetter, error) {
+	subject := n.prefix() + ".dlq." + cmp.Or(pool, "*") + "." + cmp.Or(tenant, "*") + ".>"
 	cons, err := js.OrderedConsumer(ctx, n.DLQStream(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 	if err != nil {
 		return nil, fmt.Errorf("dead letters: %w", err)
@@ -46,10 +47,13 @@ func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, pool stri
 }
 
 func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
-	// The request passed the dispatcher's limits when it was submitted.
-	req, err := job.DecodeRequest(m.Data(), job.Limits{MaxRequestBytes: math.MaxInt})
-	if err != nil {
+	var rec job.Record
+	if err := json.Unmarshal(m.Data(), &rec); err != nil {
 		return nil, err
+	}
+	req := rec.Request
+	if req == nil {
+		return nil, errors.New("a dead letter without a request")
 	}
 	meta, err := m.Metadata()
 	if err != nil {
@@ -57,18 +61,19 @@ func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
 	}
 	h := m.Headers()
 	attempts, _ := strconv.Atoi(h.Get(HeaderAttempts))
-	return &job.DeadLetter{JobID: req.ID, Pool: req.Pool, Attempts: attempts, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
+	return &job.DeadLetter{JobID: rec.ID, Tenant: rec.Tenant, Pool: rec.Pool, Attempts: attempts, Secrets: rec.Secrets, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
 		Failure: job.Failure{Class: job.FailureClass(h.Get(HeaderFailureClass)), Code: job.FailureCode(h.Get(HeaderFailureCode)),
 			Message: h.Get(HeaderFailureMessage)},
 		Request: req, Document: m.Data()}, nil
 }
 
-// RetryDeadLetter submits the dead-lettered request of job id again with
-// submit, as a new job: the old id keeps its result and history, the new
-// one is job.RetryID(id, n), n the first number not taken.
-func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, n Names, id string,
+// RetryDeadLetter submits the dead-lettered request of a tenant's job id
+// again with submit, as a new job: the old id keeps its result and
+// history, the new one is job.RetryID(id, n), n the first number not
+// taken. sealer opens the request's secrets.
+func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, n Names, sealer *Sealer, tenant, id string,
 	submit func(context.Context, []byte) (*job.SubmitReply, error)) (*job.SubmitReply, error) {
-	all, err := DeadLetters(ctx, js, n, "")
+	all, err := DeadLetters(ctx, js, n, tenant, "")
 	if err != nil {
 		return nil, err
 	}
@@ -81,12 +86,17 @@ func RetryDeadLetter(ctx context.Context, js jetstream.JetStream, n Names, id st
 	if dl == nil {
 		return nil, fmt.Errorf("%w: no dead letter for job %s", ErrNotFound, id)
 	}
+	if err := sealer.Open(JobKey{Tenant: dl.Tenant, Pool: dl.Pool, ID: dl.JobID}, dl.Request, dl.Secrets); err != nil {
+		return nil, fmt.Errorf("dead letter of %s: %w", id, err)
+	}
 	for k := 1; k <= 1000; k++ {
 		newID := job.RetryID(id, k)
 		if !job.ValidID(newID) {
 			return nil, fmt.Errorf("job id %s is too long to retry under a new id", id)
 		}
-		data, err := dl.Resubmission(newID)
+		r := *dl.Request
+		r.ID = newID
+		data, err := json.Marshal(&r)
 		if err != nil {
 			return nil, err
 		}

@@ -30,6 +30,22 @@ func (n Names) EventMsg(e *job.Event, seq int) (*nats.Msg, error) {
 	return m, nil
 }
 
+// NoticeMsg builds the message of a heartbeat or log event (contract v2):
+// on its job's tenant's subject, stored best effort, never acknowledged.
+func (n Names) NoticeMsg(e *job.Event) (*nats.Msg, error) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode event: %w", err)
+	}
+	tenant := e.Tenant
+	if tenant == "" {
+		tenant = job.DefaultTenant
+	}
+	m := nats.NewMsg(n.JobNotices(tenant, e.Pool, e.JobID))
+	m.Data = data
+	return m, nil
+}
+
 // ResultMsg builds the message of a job's result. The results stream keeps
 // one message per subject and refuses a second; the id also makes a
 // republished result a duplicate.

@@ -4,6 +4,7 @@
 package queue
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -16,7 +17,27 @@ type Lag struct {
 
 // Names derives every subject, stream, consumer and bucket name from the
 // subject prefix, so that several fleets can share one NATS account.
-// For the prefix "fleet":
+//
+// Contract v2, for the prefix "fleet": every subject a role writes or
+// reads names what its permission needs, the tenant for producers and
+// their readers, the pool for workers.
+//
+//	fleet.t.<tenant>.submit                request/reply: a submission, answered once stored
+//	fleet.t.<tenant>.intake                stream FLEET_INTAKE: submissions kept until a dispatcher takes them
+//	fleet.t.<tenant>.cancel.<id>           request/reply
+//	fleet.t.<tenant>.status.<id>           request/reply: the job's record (with its result once it has one)
+//	fleet.t.<tenant>.history.<id>          request/reply: every version of the job's record
+//	fleet.t.<tenant>.job.<pool>.<kind>.<id>  every version of a record, live (the pool stream's RePublish)
+//	fleet.t.<tenant>.ev.<pool>.<id>        heartbeat and log events, stream FLEET_EVENTS
+//	fleet.p.<pool>.<kind>.<tenant>.<id>    stream FLEET_POOL_<pool>: the versions of each job's record;
+//	                                       kind q<priority> queues the job (with its request),
+//	                                       s is a later state, r the final one (with the result)
+//	fleet.stop.<pool>.<tenant>.<id>        core NATS: the dispatcher tells the pool's workers to stop an attempt
+//	fleet.wake.<pool>                      core NATS: a job was queued for the pool
+//	fleet.dlq.<pool>.<tenant>.<id>         stream FLEET_DLQ
+//	fleet-keys                             key-value bucket of the key that seals secrets
+//
+// Contract v1, kept for one release behind the dispatcher's --v1:
 //
 //	fleet.submit            stream FLEET_SUBMIT (work queue)
 //	fleet.submit.direct     core NATS, answered by one dispatcher (queue group)
@@ -76,6 +97,147 @@ func (n Names) AllCancels() string         { return n.prefix() + ".cancel.>" }
 func (n Names) DLQ(pool string) string     { return n.prefix() + ".dlq." + pool }
 func (n Names) AllDLQ() string             { return n.prefix() + ".dlq.>" }
 func (n Names) KVSubject(id string) string { return "$KV." + n.Bucket() + "." + id }
+
+// Contract v2 subjects (see Names).
+
+// TenantRoot matches every subject of a tenant: what its producers may use.
+func (n Names) TenantRoot(tenant string) string { return n.prefix() + ".t." + tenant + ".>" }
+
+// SubmitV2 is where a tenant's producers submit requests and wait for the
+// answer.
+func (n Names) SubmitV2(tenant string) string { return n.prefix() + ".t." + tenant + ".submit" }
+
+// AllSubmitV2 matches every tenant's submit subject.
+func (n Names) AllSubmitV2() string { return n.prefix() + ".t.*.submit" }
+
+// Intake is where a tenant's producers publish submissions to be kept
+// until a dispatcher takes them.
+func (n Names) Intake(tenant string) string { return n.prefix() + ".t." + tenant + ".intake" }
+
+// AllIntake matches every tenant's intake subject.
+func (n Names) AllIntake() string { return n.prefix() + ".t.*.intake" }
+
+// Request is the subject of a tenant's request about a job: verb is
+// cancel, status or history.
+func (n Names) Request(tenant, verb, id string) string {
+	return n.prefix() + ".t." + tenant + "." + verb + "." + id
+}
+
+// AllRequests matches every tenant's requests of a verb.
+func (n Names) AllRequests(verb string) string { return n.prefix() + ".t.*." + verb + ".>" }
+
+// Kinds of the subjects of a job in its pool's stream.
+const (
+	KindState  = "s" // a state after the job was queued
+	KindResult = "r" // the final state, with the result
+)
+
+// KindQueued is the kind of the subject that queues a job at priority p.
+func KindQueued(p int) string { return "q" + strconv.Itoa(p) }
+
+// PoolJob is the subject of a job's record version of kind kind.
+func (n Names) PoolJob(pool, kind, tenant, id string) string {
+	return n.prefix() + ".p." + pool + "." + kind + "." + tenant + "." + id
+}
+
+// PoolJobAll matches every subject of one job: the compare-and-set of its
+// record is against the last of them.
+func (n Names) PoolJobAll(pool, tenant, id string) string {
+	return n.prefix() + ".p." + pool + ".*." + tenant + "." + id
+}
+
+// PoolQueued matches the jobs queued in a pool at priority p.
+func (n Names) PoolQueued(pool string, p int) string {
+	return n.prefix() + ".p." + pool + "." + KindQueued(p) + ".>"
+}
+
+// PoolSubjects is what a pool's stream holds.
+func (n Names) PoolSubjects(pool string) string { return n.prefix() + ".p." + pool + ".>" }
+
+// PoolStreamV2 is the stream of a pool's jobs and their states.
+func (n Names) PoolStreamV2(pool string) string { return n.stream("POOL_" + pool) }
+
+// JobLive is the subject a job's record versions are republished on.
+func (n Names) JobLive(tenant, pool, kind, id string) string {
+	return n.prefix() + ".t." + tenant + ".job." + pool + "." + kind + "." + id
+}
+
+// JobNotices is the subject of a job's heartbeat and log events.
+func (n Names) JobNotices(tenant, pool, id string) string {
+	return n.prefix() + ".t." + tenant + ".ev." + pool + "." + id
+}
+
+// AllNotices matches every tenant's heartbeat and log events.
+func (n Names) AllNotices() string { return n.prefix() + ".t.*.ev.>" }
+
+// Stop is where the dispatcher tells a pool's workers to stop a job's
+// attempt.
+func (n Names) Stop(pool, tenant, id string) string {
+	return n.prefix() + ".stop." + pool + "." + tenant + "." + id
+}
+
+// PoolStops matches the stop notices of a pool's jobs.
+func (n Names) PoolStops(pool string) string { return n.prefix() + ".stop." + pool + ".>" }
+
+// ParseStop reads a stop notice's subject.
+func (n Names) ParseStop(subject string) (pool, tenant, id string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix()+".stop.")
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.SplitN(rest, ".", 3)
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
+// Wake is where a dispatcher says it queued a job for the pool.
+func (n Names) Wake(pool string) string { return n.prefix() + ".wake." + pool }
+
+// DLQV2 is the dead-letter subject of a job.
+func (n Names) DLQV2(pool, tenant, id string) string {
+	return n.prefix() + ".dlq." + pool + "." + tenant + "." + id
+}
+
+// KeysBucket holds the key that seals requests' secrets.
+func (n Names) KeysBucket() string { return n.prefix() + "-keys" }
+
+// IntakeStream keeps v2 submissions until a dispatcher takes them.
+func (n Names) IntakeStream() string { return n.stream("INTAKE") }
+
+// JobKey is a job's place in the fleet: its tenant, pool and id.
+type JobKey struct{ Tenant, Pool, ID string }
+
+// ParsePoolJob reads a subject of a pool's stream.
+func (n Names) ParsePoolJob(subject string) (kind string, k JobKey, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix()+".p.")
+	if !ok {
+		return "", JobKey{}, false
+	}
+	parts := strings.SplitN(rest, ".", 4)
+	if len(parts) != 4 {
+		return "", JobKey{}, false
+	}
+	return parts[1], JobKey{Tenant: parts[2], Pool: parts[0], ID: parts[3]}, true
+}
+
+// ParseTenantRequest reads a tenant's request subject
+// (<prefix>.t.<tenant>.<verb>.<id>).
+func (n Names) ParseTenantRequest(subject string) (tenant, verb, id string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix()+".t.")
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.SplitN(rest, ".", 3)
+	switch len(parts) {
+	case 2:
+		return parts[0], parts[1], "", true
+	case 3:
+		return parts[0], parts[1], parts[2], true
+	}
+	return "", "", "", false
+}
 
 // Pool is the subject of a request about a pool: verb is pause, resume or
 // show.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/job"
 )
 
 // Defaults of Config, and of the commands' flags.
@@ -53,6 +55,12 @@ type Config struct {
 	// MaxAckPending bounds the unacknowledged messages of one pool.
 	// Defaults to DefaultMaxAckPending (20000).
 	MaxAckPending int
+	// V1 keeps contract v1 working beside v2: its streams and bucket
+	// (FLEET_SUBMIT, FLEET_RESULTS, fleet-jobs, fleet-intake) are set up,
+	// and the dispatchers take v1 submissions and write v1 events, results
+	// and records (see the dispatcher's bridge). Off by default in the
+	// production profiles.
+	V1 bool
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -86,22 +94,40 @@ func (c Config) Streams() []jetstream.StreamConfig {
 			MaxMsgs: -1, MaxBytes: -1, MaxMsgsPerSubject: -1, MaxConsumers: -1,
 		}
 	}
-	submit := base(c.SubmitStream(), "Submitted execution requests, until a dispatcher has taken them", c.Submit())
+	// Contract v2's stored submissions, for producers that do not wait
+	// for an answer: a publish acknowledgement says it is kept.
+	intake := base(c.IntakeStream(), "Submitted execution requests, until a dispatcher has taken them", c.AllIntake())
+	intake.Retention = jetstream.WorkQueuePolicy
+	intake.MaxAge = c.Retention
+
+	// Heartbeat and log events; v1 also kept every lifecycle event here.
+	events := base(c.EventsStream(), "Heartbeat and log events of every job", c.AllNotices())
+	events.MaxAge = c.Retention
+	events.AllowDirect = true
+
+	dlq := base(c.DLQStream(), "Requests whose attempts are exhausted", c.AllDLQ())
+	dlq.MaxAge = c.DLQRetention
+	dlq.AllowDirect = true
+	streams := []jetstream.StreamConfig{intake, events, dlq}
+	if !c.V1 {
+		return streams
+	}
+
+	submit := base(c.SubmitStream(), "Submitted execution requests (contract v1), until a dispatcher has taken them", c.Submit())
 	submit.Retention = jetstream.WorkQueuePolicy
 	// The stream must not answer a publish with a reply subject: the
 	// dispatcher answers with the job id instead (see dispatcher.Intake).
 	submit.NoAck = true
 	submit.MaxAge = c.Retention
-
-	events := base(c.EventsStream(), "Lifecycle events of every job", c.AllEvents())
-	events.MaxAge = c.Retention
-	events.AllowDirect = true
+	events.Subjects = append(events.Subjects, c.AllEvents())
+	events.Description = "Heartbeat and log events of every job, and every lifecycle event of contract v1"
+	streams[1] = events
 
 	// Results are published on <prefix>.results-in.<id>, stored as
 	// <prefix>.results.<id>, and only once stored republished there for
 	// subscribers: a result the stream refuses (a second one, or one sent
 	// again after its answer was lost) reaches no one.
-	results := base(c.ResultsStream(), "The one final result of every job", c.AllResultsIn())
+	results := base(c.ResultsStream(), "The one final result of every job (contract v1)", c.AllResultsIn())
 	results.SubjectTransform = &jetstream.SubjectTransformConfig{Source: c.AllResultsIn(), Destination: c.AllResults()}
 	results.RePublish = &jetstream.RePublish{Source: c.AllResults(), Destination: c.AllResults()}
 	results.MaxAge = c.Retention
@@ -110,12 +136,7 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	results.MaxMsgsPerSubject = 1
 	results.Discard = jetstream.DiscardNew
 	results.DiscardNewPerSubject = true
-
-	dlq := base(c.DLQStream(), "Requests whose attempts are exhausted", c.AllDLQ())
-	dlq.MaxAge = c.DLQRetention
-	dlq.AllowDirect = true
-
-	return []jetstream.StreamConfig{submit, events, results, dlq}
+	return append(streams, submit, results)
 }
 
 // KeyValue returns the configuration of the job-state bucket.
@@ -177,7 +198,11 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 			return nil
 		})
 	}
-	for _, kv := range []jetstream.KeyValueConfig{c.KeyValue(), c.IntakeKeyValue(), c.PoolsKeyValue()} {
+	buckets := []jetstream.KeyValueConfig{c.PoolsKeyValue(), c.KeysKeyValue()}
+	if c.V1 {
+		buckets = append(buckets, c.KeyValue(), c.IntakeKeyValue())
+	}
+	for _, kv := range buckets {
 		run(func() error {
 			if err := retry(ctx, js, log, "bucket "+kv.Bucket, func(ctx context.Context) error {
 				_, err := js.CreateOrUpdateKeyValue(ctx, kv)
@@ -267,6 +292,29 @@ func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, log *
 	return cons, nil
 }
 
+// IntakeConsumerV2 creates or updates the dispatchers' consumer on the
+// intake stream (contract v2's stored submissions), waiting as Setup does.
+func IntakeConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) (jetstream.Consumer, error) {
+	c = c.WithDefaults()
+	cc := jetstream.ConsumerConfig{
+		Durable:       c.Names.IntakeConsumer(),
+		Description:   "Dispatchers taking stored submissions",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+	}
+	var cons jetstream.Consumer
+	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
+		cons, err = js.CreateOrUpdateConsumer(ctx, c.IntakeStream(), cc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
+	}
+	return cons, nil
+}
+
 // JobsStream returns the configuration of a pool's jobs stream: each pool
 // has a stream of its own, so that on a cluster the pools' leaders spread
 // over the servers (see the dispatcher's balancer) instead of one server
@@ -279,6 +327,97 @@ func (c Config) JobsStream(pool string) jetstream.StreamConfig {
 		Storage: c.storage(), Replicas: c.Replicas, Duplicates: c.DuplicateWindow,
 		MaxMsgs: -1, MaxBytes: -1, MaxMsgsPerSubject: -1, MaxConsumers: -1,
 	}
+}
+
+// PoolStreamV2 returns the configuration of a pool's stream (contract v2):
+// the versions of its jobs' records (see Jobs), kept for the retention,
+// each republished once stored on its tenant's subject
+// <prefix>.t.<tenant>.job.<pool>.<kind>.<id>, where the tenant's
+// producers follow their jobs.
+func (c Config) PoolStreamV2(pool string) jetstream.StreamConfig {
+	c = c.WithDefaults()
+	p := c.prefix()
+	return jetstream.StreamConfig{
+		Name: c.Names.PoolStreamV2(pool), Description: "Jobs of pool " + pool + " and every version of their records",
+		Subjects: []string{c.PoolSubjects(pool)}, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld,
+		MaxAge: c.Retention, Storage: c.storage(), Replicas: c.Replicas, Duplicates: c.DuplicateWindow,
+		MaxMsgs: -1, MaxBytes: -1, MaxMsgsPerSubject: -1, MaxConsumers: -1, AllowDirect: true,
+		RePublish: &jetstream.RePublish{
+			Source:      p + ".p." + pool + ".*.*.>",
+			Destination: p + ".t.{{wildcard(2)}}.job." + pool + ".{{wildcard(1)}}.>",
+		},
+	}
+}
+
+// EnsurePoolStream creates or updates a pool's stream, waiting as Setup
+// does. Dispatchers call it before they queue a pool's first job.
+func EnsurePoolStream(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Stream, error) {
+	c = c.WithDefaults()
+	sc := c.PoolStreamV2(pool)
+	var stream jetstream.Stream
+	err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) (err error) {
+		stream, err = js.CreateOrUpdateStream(ctx, sc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream of pool %s: %w", pool, err)
+	}
+	return stream, nil
+}
+
+// PoolConsumerV2 creates or updates the consumer a pool's workers share
+// (after the pool's stream, if need be), waiting as Setup does. Its ack
+// wait is the workers'.
+//
+// A worker may start before any job of its pool was queued: then it
+// creates the pool's stream, with the replicas of the fleet's events
+// stream (which the dispatchers set up; a worker has no say in replicas),
+// but never updates one.
+func PoolConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Consumer, error) {
+	c = c.WithDefaults()
+	sc := c.PoolStreamV2(pool)
+	var stream jetstream.Stream
+	err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) (err error) {
+		if stream, err = js.Stream(ctx, sc.Name); err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		events, err := js.Stream(ctx, c.Names.EventsStream())
+		if err != nil {
+			return err // no dispatcher has set the fleet up yet: wait
+		}
+		sc.Replicas = events.CachedInfo().Config.Replicas
+		stream, err = js.CreateStream(ctx, sc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream of pool %s: %w", pool, err)
+	}
+	filters := make([]string, 0, job.LowestPriority)
+	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
+		filters = append(filters, c.PoolQueued(pool, p))
+	}
+	cc := jetstream.ConsumerConfig{
+		Durable:        c.Names.PoolConsumer(pool),
+		Description:    "Workers of pool " + pool,
+		FilterSubjects: filters,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		MaxDeliver:     c.MaxDeliver,
+		MaxAckPending:  c.MaxAckPending,
+		MaxWaiting:     4096,
+	}
+	var cons jetstream.Consumer
+	err = retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
+		cons, err = stream.CreateOrUpdateConsumer(ctx, cc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
+	}
+	return cons, nil
 }
 
 // PoolStream returns the name of the stream that holds a pool's jobs,

@@ -196,7 +196,7 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 			t.Fatalf("status: %+v, %v", st, err)
 		}
 		// What the HTTP API's GET /v1/jobs/{id} returns.
-		dst, err := f.d.Status(ctx, id)
+		dst, err := f.d.Status(ctx, "default", id)
 		if err != nil || dst.Result == nil || dst.Result.Status != job.StatusSucceeded {
 			t.Fatalf("dispatcher status: %+v, %v", dst, err)
 		}
@@ -339,7 +339,7 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 	t.Run("is seen in the web console", func(t *testing.T) {
 		// The console runs in the dispatcher, on its connection: the
 		// index, the dead letters, a job's events and its request.
-		c, err := console.New(console.Config{JS: f.d.JetStream(), Queue: f.queueCfg, Cancel: f.d.Cancel, Submit: f.d.Submit,
+		c, err := console.New(console.Config{JS: f.d.JetStream(), Queue: f.queueCfg, Cancel: f.d.Cancel, Retry: f.d.RetryDeadLetter,
 			Logger: fleettest.Logger(t)})
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,10 +55,6 @@ func (d *delivery) preferPeer(ctx context.Context, s *situation) {
 	}
 }
 
-// adoptionSeqs numbers apart the events of each life of an attempt: the
-// heartbeat and log events of the n-th adoption start at n times it.
-const adoptionSeqs = 1_000_000
-
 // awaitOwner notes, the first time, that the job waits for the worker that
 // started its attempt; the message comes back after the action's delay.
 // A record that cannot be written is left: the next delivery tries again.
@@ -67,17 +64,13 @@ func (d *delivery) awaitOwner(ctx context.Context, act action) {
 		return
 	}
 	now := time.Now()
-	if err := d.claim(ctx, func(rec *job.Record) { rec.AwaitingSince, rec.UpdatedAt = &now, now }); err != nil {
-		d.log.Warn("could not note the wait for the attempt's worker", "err", err)
-		return
-	}
-	rec := d.rec
-	// Announced once per life of the attempt (the record keeps the wait):
-	// the last number of the life's range is the announcement's.
-	seq := (rec.Adoptions+1)*adoptionSeqs - 1
-	d.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) {
-		e.Attempt, e.WorkerID, e.Phase, e.Message = act.attempt, rec.WorkerID, job.PhaseAwaitingOwner, act.why
+	err := d.claim(ctx, func(rec *job.Record) {
+		rec.AwaitingSince, rec.UpdatedAt = &now, now
+		rec.Event, rec.Phase, rec.Message = job.EventHeartbeat, job.PhaseAwaitingOwner, act.why
 	})
+	if err != nil {
+		d.log.Warn("could not note the wait for the attempt's worker", "err", err)
+	}
 }
 
 // leaveRunning announces that this worker left its attempt running for
@@ -85,7 +78,7 @@ func (d *delivery) awaitOwner(ctx context.Context, act action) {
 func (d *delivery) leaveRunning(act action) {
 	w := d.w
 	w.m.handedOff.Add(context.Background(), 1, w.m.poolAttrs)
-	d.eventSeq(job.EventHeartbeat, d.nextHeartbeat(), func(e *job.Event) {
+	d.notice(job.EventHeartbeat, func(e *job.Event) {
 		e.Phase = job.PhaseHandedOff
 		e.Message = fmt.Sprintf("worker %s stopped; attempt %d runs on, for the next worker to adopt", w.cfg.ID, d.n)
 	})
@@ -97,11 +90,11 @@ func (d *delivery) leaveRunning(act action) {
 // says that attempt runs, and no cancel ended it. When the record cannot be
 // read, the attempt is kept: removing it could lose hours of work, and
 // whoever gets its message settles it.
-func (w *Worker) adoptable(ctx context.Context) func(jobID string, attempt int) bool {
-	return func(jobID string, attempt int) bool {
+func (w *Worker) adoptable(ctx context.Context) func(tenant, jobID string, attempt int) bool {
+	return func(tenant, jobID string, attempt int) bool {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		rec, _, err := w.journal.Record(rctx, jobID)
+		rec, _, err := w.journal.Record(rctx, queue.JobKey{Tenant: cmp.Or(tenant, job.DefaultTenant), Pool: w.cfg.Pool, ID: jobID})
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
 			return false

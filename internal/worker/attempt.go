@@ -2,14 +2,13 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -32,6 +31,7 @@ type delivery struct {
 	w         *Worker
 	msg       jetstream.Msg
 	log       *slog.Logger
+	key       queue.JobKey // the job's tenant, pool and id
 	id        string
 	n         int // the attempt number this delivery runs or settles, from 1
 	delivered int // deliveries of the message, this one included
@@ -50,11 +50,6 @@ type delivery struct {
 
 	logMu sync.Mutex
 	logs  int
-	hbSeq int
-	// seqBase numbers the log and heartbeat events of an adopted attempt
-	// apart from those of the lives before, whose ids JetStream would take
-	// for duplicates.
-	seqBase int
 
 	lease     *capacity.Lease // the attempt's capacity lease, while held
 	slotFreed bool
@@ -124,40 +119,50 @@ func (d *delivery) cleanup(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	w := d.w
-	if err := c.Cleanup(ctx, &executor.Task{JobID: d.id, Attempt: d.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool}); err != nil {
+	if err := c.Cleanup(ctx, d.task()); err != nil {
 		d.log.Warn("could not clean up after the attempt; this worker's next start, or a peer's, will", "err", err)
 	}
 }
 
 // receive decodes the delivery, registers it, and reads what decide needs
-// first: the record (or, on a first delivery, the revision the message
-// names). It returns nil when a copy of the job already runs here.
+// first: the record (on a first delivery, the one the message is: the
+// version that queued the job, whose revision is the message's stream
+// sequence). It returns nil when a copy of the job already runs here.
 func (d *delivery) receive() (context.Context, *situation) {
 	w := d.w
 	s := &situation{now: time.Now(), retryDelay: w.cfg.Retry}
-	if meta, err := d.msg.Metadata(); err != nil {
-		s.malformed = fmt.Errorf("message metadata: %w", err)
-	} else {
-		d.delivered = int(meta.NumDelivered)
-	}
-	req, err := job.DecodeJob(d.msg.Data())
-	if err == nil {
-		err = req.Validate(w.cfg.Limits)
-	}
-	if err == nil && req.ID == "" {
-		err = errors.New("invalid request: id is missing")
-	}
-	if err != nil || s.malformed != nil {
-		s.malformed = cmpErr(s.malformed, err)
-		ctx, cancel := context.WithCancelCause(w.settling)
-		d.ctx, d.cancel = ctx, cancel
+	fail := func(err error) (context.Context, *situation) {
+		s.malformed = err
+		d.ctx, d.cancel = context.WithCancelCause(w.settling)
 		return w.settling, s
 	}
-	req.Normalize()
-	d.req, d.id = req, req.ID
+	meta, err := d.msg.Metadata()
+	if err != nil {
+		return fail(fmt.Errorf("message metadata: %w", err))
+	}
+	d.delivered = int(meta.NumDelivered)
+	_, k, ok := w.names.ParsePoolJob(d.msg.Subject())
+	if !ok || k.Pool != w.cfg.Pool || !job.ValidID(k.ID) || !job.ValidTenant(k.Tenant) {
+		return fail(fmt.Errorf("%s is not the subject of a job of pool %s", d.msg.Subject(), w.cfg.Pool))
+	}
+	d.key, d.id = k, k.ID
 	d.log = w.log.With("job_id", d.id)
-	d.sub = submittedAt(d.msg.Headers())
+	if k.Tenant != job.DefaultTenant {
+		d.log = d.log.With("tenant", k.Tenant)
+	}
+	queued, err := decodeQueued(d.msg.Data(), k)
+	if err == nil {
+		err = w.sealer.Open(k, queued.Request, queued.Secrets)
+	}
+	if err == nil {
+		err = queued.Request.Validate(w.cfg.Limits)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	req := queued.Request
+	req.Normalize()
+	d.req, d.sub = req, queued.SubmittedAt
 
 	// Register before reading the record: a cancel published after the
 	// dispatcher wrote the record then reaches this delivery.
@@ -169,14 +174,13 @@ func (d *delivery) receive() (context.Context, *situation) {
 
 	ctx := telemetry.Propagator.Extract(w.settling, queue.HeaderCarrier(d.msg.Headers()))
 	d.traceID = telemetry.TraceID(ctx)
-	// On a first delivery the record is the one the dispatcher created, at
-	// the revision the message names: the worker's first write is a
-	// compare-and-set against it, and no read is needed. Otherwise, read it.
-	rev, _ := strconv.ParseUint(d.msg.Headers().Get(queue.HeaderRecordRev), 10, 64)
-	if d.delivered == 1 && rev > 0 {
-		d.rec, d.rev = d.newRecord(), rev
+	// On a first delivery the record is the message itself, at the
+	// message's sequence: the worker's first write is a compare-and-set
+	// against it, and no read is needed. Otherwise, read it.
+	if d.delivered == 1 {
+		d.rec, d.rev = queued.Version(), meta.Sequence.Stream
 	} else if err := d.refresh(ctx); err != nil {
-		d.rec = d.newRecord()
+		d.rec = queued.Version()
 		s = d.situation()
 		s.unsettled = err
 		return ctx, s
@@ -188,10 +192,29 @@ func (d *delivery) receive() (context.Context, *situation) {
 		d.log = d.log.With("trace_id", d.traceID)
 	}
 	ctx, d.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("fleet.job.id", d.id), attribute.String("fleet.pool", w.cfg.Pool),
-			attribute.Int("fleet.attempt", d.n), attribute.String("fleet.worker.id", w.cfg.ID)))
+		trace.WithAttributes(attribute.String("fleet.job.id", d.id), attribute.String("fleet.tenant", k.Tenant),
+			attribute.String("fleet.pool", w.cfg.Pool), attribute.Int("fleet.attempt", d.n), attribute.String("fleet.worker.id", w.cfg.ID)))
 	d.ctx = trace.ContextWithSpan(d.ctx, d.span)
 	return ctx, s
+}
+
+// decodeQueued reads a job message: the version of the job's record that
+// queued it, with its request. The fleet wrote it, so it is read without
+// the strict decoder of submissions (the request is validated after).
+func decodeQueued(data []byte, k queue.JobKey) (*job.Record, error) {
+	var rec job.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("invalid job message: %w", err)
+	}
+	switch {
+	case rec.Request == nil:
+		return nil, errors.New("invalid job message: it carries no request")
+	case rec.ID != k.ID || rec.Tenant != k.Tenant || rec.Pool != k.Pool:
+		return nil, fmt.Errorf("invalid job message: its record names job %s/%s/%s, its subject %s/%s/%s",
+			rec.Tenant, rec.Pool, rec.ID, k.Tenant, k.Pool, k.ID)
+	}
+	rec.Request.ID, rec.Request.Pool = k.ID, k.Pool
+	return &rec, nil
 }
 
 func cmpErr(a, b error) error {
@@ -224,21 +247,13 @@ func (d *delivery) decide(ctx context.Context, s *situation) action {
 		return decide(s)
 	}
 	if h, ok := d.w.cfg.Capacity.(capacity.Holder); ok && s.needsOwner() {
-		runs, err := h.Holds(ctx, s.rec.WorkerID, d.id, s.rec.Attempt)
+		runs, err := h.Holds(ctx, s.rec.WorkerID, executor.TenantKey(d.key.Tenant), d.id, s.rec.Attempt)
 		if err != nil {
 			// Without Redis, nobody can tell: the attempt counts as lost,
 			// as it does on a fleet without capacity accounting.
 			d.log.Warn("cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
 		}
 		s.ownerRuns = runs
-	}
-	if s.needsResult() {
-		res, err := d.w.journal.StoredResult(ctx, d.id)
-		if err != nil {
-			s.unsettled = fmt.Errorf("read the job's result: %w", err)
-			return decide(s)
-		}
-		s.result = res
 	}
 	if err := d.lookup(ctx, s); err != nil {
 		s.unsettled = err
@@ -256,13 +271,14 @@ func (d *delivery) decide(ctx context.Context, s *situation) action {
 	return decide(s)
 }
 
-// refresh reads the job's record; a job the dispatcher has not recorded
-// (only the dispatcher publishes jobs, so this is rare) gets a fresh one.
+// refresh reads the last version of the job's record.
 func (d *delivery) refresh(ctx context.Context) error {
-	rec, rev, err := d.w.journal.Record(ctx, d.id)
+	rec, rev, err := d.w.journal.Record(ctx, d.key)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
-		d.rec, d.rev = d.newRecord(), 0
+		// The job message is the record's first version: a job has one
+		// once it is delivered. The stream lost it (its retention).
+		return fmt.Errorf("job %s has no record: %w", d.id, err)
 	case err != nil:
 		return err
 	default:
@@ -327,7 +343,8 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 			req.Timeout, deadlineBound = &bounded, true
 		}
 	}
-	task := &executor.Task{JobID: d.id, Attempt: d.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool, Request: req, Report: d}
+	task := d.task()
+	task.Request, task.Report = req, d
 	stopProgress := d.progress()
 	var out *executor.Outcome
 	var err error
@@ -343,6 +360,12 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 	return d.ended(ctx, out, err, deadlineBound), true
 }
 
+// task names the attempt for the executor.
+func (d *delivery) task() *executor.Task {
+	w := d.w
+	return &executor.Task{Tenant: d.key.Tenant, JobID: d.id, Attempt: d.n, WorkerID: w.cfg.ID, Pool: w.cfg.Pool}
+}
+
 // reserve takes the attempt's capacity lease before its record is
 // written, so that no capacity costs nothing to undo. It returns the
 // decision to settle instead when the worker has no room for it.
@@ -352,7 +375,7 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 		return action{}, true
 	}
 	req := d.req
-	l := capacity.Lease{JobID: d.id, Attempt: act.attempt, CPUMilli: req.Resources.CPUMilli(),
+	l := capacity.Lease{Tenant: executor.TenantKey(d.key.Tenant), JobID: d.id, Attempt: act.attempt, CPUMilli: req.Resources.CPUMilli(),
 		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now(), Handle: d.msg.Reply()}
 	if act.found != nil && !act.found.StartedAt.IsZero() {
 		l.StartedAt = act.found.StartedAt
@@ -427,17 +450,6 @@ func (d *delivery) ended(ctx context.Context, out *executor.Outcome, err error, 
 	return decide(s)
 }
 
-func (d *delivery) newRecord() *job.Record {
-	now := time.Now()
-	sub := d.sub
-	if sub.IsZero() {
-		sub = now
-	}
-	return &job.Record{ID: d.id, Pool: d.w.cfg.Pool, State: job.StateQueued, MaxAttempts: d.req.Retry.MaxAttempts,
-		SubmittedAt: sub, UpdatedAt: now, RunID: d.req.RunID, NodeID: d.req.NodeID, Labels: d.req.Labels,
-		TraceID: d.traceID}
-}
-
 func attemptSummary(n int, worker string, out *executor.Outcome) job.Attempt {
 	s := job.Attempt{Attempt: n, WorkerID: worker, ExitCode: out.ExitCode, Failure: out.Failure, Log: out.Log}
 	if !out.StartedAt.IsZero() {
@@ -449,9 +461,4 @@ func attemptSummary(n int, worker string, out *executor.Outcome) job.Attempt {
 		s.FinishedAt = &t
 	}
 	return s
-}
-
-func submittedAt(h nats.Header) time.Time {
-	t, _ := time.Parse(time.RFC3339Nano, h.Get(queue.HeaderSubmittedAt))
-	return t
 }

@@ -1,12 +1,14 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // A job that asks for it (persist) has a data directory that every attempt
@@ -34,7 +36,7 @@ func (d *delivery) dropData(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := k.RemoveData(ctx, d.id); err != nil {
+	if err := k.RemoveData(ctx, executor.TenantKey(d.key.Tenant), d.id); err != nil {
 		d.log.Warn("could not remove the job's data directory; the next sweep will", "err", err)
 	}
 }
@@ -55,7 +57,7 @@ func (w *Worker) sweepOnce(ctx context.Context, k executor.DataKeeper) {
 			return
 		}
 		why := ""
-		rec, _, err := w.journal.Record(ctx, d.JobID)
+		rec, _, err := w.journal.Record(ctx, queue.JobKey{Tenant: cmp.Or(d.Tenant, job.DefaultTenant), Pool: w.cfg.Pool, ID: d.JobID})
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
 			why = "the job has no record"
@@ -68,7 +70,7 @@ func (w *Worker) sweepOnce(ctx context.Context, k executor.DataKeeper) {
 		default:
 			continue
 		}
-		if err := k.RemoveData(ctx, d.JobID); err != nil {
+		if err := k.RemoveData(ctx, d.Tenant, d.JobID); err != nil {
 			w.log.Warn("could not remove a job's data directory", "job_id", d.JobID, "err", err)
 			continue
 		}

@@ -25,11 +25,8 @@ const (
 	doRun verb = iota + 1
 	// doAck acknowledges a copy of a job that already ended.
 	doAck
-	// doConclude announces the result an earlier delivery published, and
-	// settles the message as that result says.
-	doConclude
-	// doFinish ends the job with outcome: one result, the final event and
-	// record, a dead letter when it failed; then ack or term.
+	// doFinish ends the job with outcome: a dead letter when it failed,
+	// then the final record, which carries the one result; then ack or term.
 	doFinish
 	// doRetry records a failed attempt and schedules the next one after
 	// delay (a NakWithDelay: the retry lives in JetStream).
@@ -64,8 +61,6 @@ func (v verb) String() string {
 		return "run"
 	case doAck:
 		return "ack"
-	case doConclude:
-		return "conclude"
 	case doFinish:
 		return "finish"
 	case doRetry:
@@ -101,8 +96,6 @@ type action struct {
 	restart bool
 	// outcome ends the job (doFinish) or the attempt (doRetry).
 	outcome *executor.Outcome
-	// result is the result that stands (doConclude).
-	result *job.Result
 	// delay and memory are when the next attempt starts, and with how
 	// much memory when an OOM raised it (doRetry); delay is also how long
 	// a job is left before it is looked at again (doLater).
@@ -138,9 +131,6 @@ type situation struct {
 	recheck time.Duration
 	// draining: the worker is shutting down.
 	draining bool
-	// result is the job's stored result, when the caller looked it up (see
-	// needsResult); nil when there is none.
-	result *job.Result
 	// refused is the executor's reason it can never run the request.
 	refused error
 	// outcome is how the attempt ended, once it ran; nil before.
@@ -182,13 +172,9 @@ func (s *situation) attemptOf() int { return s.rec.Attempt + 1 }
 // any more: its worker died, or was cut off for longer than the ack wait.
 func (s *situation) orphan() bool { return s.rec.State == job.StateRunning && !s.ownerRuns }
 
-// needsResult reports whether decide must be given the job's stored result:
-// an attempt that was lost may have got as far as publishing it.
-func (s *situation) needsResult() bool { return s.outcome == nil && s.rec.State == job.StateRunning }
-
 // needsLookup reports whether decide must be told where the backend's
 // attempt of an orphan stands: it may be adopted rather than lost.
-func (s *situation) needsLookup() bool { return s.orphan() && s.outcome == nil && s.result == nil }
+func (s *situation) needsLookup() bool { return s.orphan() && s.outcome == nil }
 
 // needsOwner reports whether decide must be told if the worker recorded as
 // running the job still runs it.
@@ -244,9 +230,10 @@ func decideDelivery(s *situation) action {
 	case s.draining:
 		return action{verb: doRequeue, attempt: n, why: "the worker is shutting down"}
 	case rec.State.Final():
-		// Finished by an earlier delivery that did not get to acknowledge.
+		// Finished by an earlier delivery that did not get to acknowledge,
+		// or by a cancel.
 		return action{verb: doAck, attempt: n}
-	case s.orphan() && s.result == nil && s.found != nil && (s.found.Standing == executor.Running || s.found.Standing == executor.Ended):
+	case s.orphan() && s.found != nil && (s.found.Standing == executor.Running || s.found.Standing == executor.Ended):
 		// The attempt outlived its worker: it is taken over, not run again,
 		// even when a cancel or the deadline ends it at once.
 		return action{verb: doAdopt, attempt: rec.Attempt, found: s.found}
@@ -270,10 +257,10 @@ func decideDelivery(s *situation) action {
 	var a action
 	lost, last := lostSoFar(rec.History), rec.Failure
 	if rec.State == job.StateRunning {
+		// The result is the final version of the record: an attempt that
+		// got as far as publishing it left the job final, acknowledged
+		// above.
 		switch {
-		case s.result != nil:
-			// The attempt got as far as publishing the result.
-			return action{verb: doConclude, attempt: n, result: s.result}
 		case s.ownerRuns:
 			// Its worker still runs it and will settle it; JetStream
 			// delivered it again because that worker's progress did not

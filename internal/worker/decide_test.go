@@ -34,7 +34,6 @@ func TestDecide(t *testing.T) {
 	runningOn := func(worker string, attempt int) *job.Record {
 		return &job.Record{ID: "j", State: job.StateRunning, Attempt: attempt, WorkerID: worker, StartedAt: &started}
 	}
-	stored := &job.Result{JobID: "j", Status: job.StatusSucceeded, Attempts: 1}
 	running := &executor.Found{Standing: executor.Running, Handle: "Job ns/fleet-j-a1-x"}
 	ended := &executor.Found{Standing: executor.Ended, Handle: "Job ns/fleet-j-a1-x"}
 	gone := &executor.Found{Standing: executor.Gone, Why: "no Job of attempt 1 in namespace ns"}
@@ -188,11 +187,6 @@ func TestDecide(t *testing.T) {
 					t.Errorf("lost %+v", a.lost)
 				}
 			},
-		},
-		{
-			name: "a lost attempt whose result was published concludes with it",
-			s:    situation{rec: runningOn("w1", 1), req: request(nil), result: stored},
-			want: action{verb: doConclude, attempt: 2, result: stored},
 		},
 		{
 			name: "a lost attempt does not use up max_attempts",
@@ -363,11 +357,6 @@ func TestDecide(t *testing.T) {
 			want: action{verb: doAdopt, attempt: 1, found: running},
 		},
 		{
-			name: "a published result concludes rather than adopts",
-			s:    situation{rec: runningOn("w1", 1), req: request(nil), result: stored},
-			want: action{verb: doConclude, attempt: 2, result: stored},
-		},
-		{
 			name: "a draining worker adopts nothing",
 			s:    situation{rec: runningOn("w1", 1), req: request(nil), found: running, draining: true},
 			want: action{verb: doRequeue, attempt: 2},
@@ -467,7 +456,6 @@ type actionView struct {
 	Lost     []attemptView
 	Restart  bool
 	Outcome  outcomeView
-	Result   *job.Result
 	Delay    time.Duration
 	Memory   string
 	Found    *executor.Found
@@ -488,7 +476,7 @@ type outcomeView struct {
 }
 
 func viewOf(a action) actionView {
-	v := actionView{Verb: a.verb, Attempt: a.attempt, Attempts: a.attempts, Restart: a.restart, Result: a.result,
+	v := actionView{Verb: a.verb, Attempt: a.attempt, Attempts: a.attempts, Restart: a.restart,
 		Delay: a.delay, Memory: a.memory, Found: a.found}
 	for _, l := range a.lost {
 		av := attemptView{Attempt: l.Attempt, WorkerID: l.WorkerID}

@@ -43,20 +43,22 @@ func (o *ops) all() []string {
 // fakeMsg is a delivered job message.
 type fakeMsg struct {
 	ops       *ops
+	subject   string
 	data      []byte
 	headers   nats.Header
 	delivered uint64
+	seq       uint64 // its stream sequence: the revision of the record it is
 }
 
 var _ jetstream.Msg = (*fakeMsg)(nil)
 
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
-	return &jetstream.MsgMetadata{NumDelivered: m.delivered}, nil
+	return &jetstream.MsgMetadata{NumDelivered: m.delivered, Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
 }
 func (m *fakeMsg) Data() []byte                    { return m.data }
 func (m *fakeMsg) Headers() nats.Header            { return m.headers }
-func (m *fakeMsg) Subject() string                 { return "fleet.jobs.default" }
-func (m *fakeMsg) Reply() string                   { return "$JS.ACK.FLEET_JOBS_default.jobs-default.1.1.1.0.0" }
+func (m *fakeMsg) Subject() string                 { return m.subject }
+func (m *fakeMsg) Reply() string                   { return "$JS.ACK.FLEET_POOL_default.jobs-default.1.1.1.0.0" }
 func (m *fakeMsg) Ack() error                      { m.ops.add("ack"); return nil }
 func (m *fakeMsg) DoubleAck(context.Context) error { m.ops.add("ack"); return nil }
 func (m *fakeMsg) Nak() error                      { m.ops.add("nak"); return nil }
@@ -78,8 +80,7 @@ type memJournal struct {
 	mu      sync.Mutex
 	records map[string][]byte
 	revs    map[string]uint64
-	results map[string]*job.Result
-	events  []*job.Event
+	notices []*job.Event
 	dlq     int
 	fail    map[string]error
 	// onWrite, when set, runs before each record write: a test changes
@@ -88,8 +89,7 @@ type memJournal struct {
 }
 
 func newJournal(o *ops) *memJournal {
-	return &memJournal{ops: o, records: map[string][]byte{}, revs: map[string]uint64{}, results: map[string]*job.Result{},
-		fail: map[string]error{}}
+	return &memJournal{ops: o, records: map[string][]byte{}, revs: map[string]uint64{}, fail: map[string]error{}}
 }
 
 var _ journal = (*memJournal)(nil)
@@ -128,27 +128,36 @@ func (j *memJournal) get(id string) *job.Record {
 	return &rec
 }
 
-func (j *memJournal) Record(_ context.Context, id string) (*job.Record, uint64, error) {
+func (j *memJournal) Record(_ context.Context, k queue.JobKey) (*job.Record, uint64, error) {
 	j.ops.add("read record")
 	if err := j.failing("read record"); err != nil {
 		return nil, 0, err
 	}
-	rec := j.get(id)
+	rec := j.get(k.ID)
 	if rec == nil {
 		return nil, 0, queue.ErrNotFound
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return rec, j.revs[id], nil
+	return rec, j.revs[k.ID], nil
 }
 
+// WriteRecord logs "record <state> <attempt> <event>[/<phase>]": a
+// version of the record says what happened.
 func (j *memJournal) WriteRecord(_ context.Context, rec *job.Record, rev uint64) (uint64, error) {
 	if j.onWrite != nil {
 		f := j.onWrite
 		j.onWrite = nil
 		f(j, rec)
 	}
-	j.ops.add("record %s %d", rec.State, rec.Attempt)
+	ev := string(rec.Event)
+	if rec.Phase != "" {
+		ev += "/" + rec.Phase
+	}
+	if rec.Result != nil {
+		ev += " +result"
+	}
+	j.ops.add("record %s %d %s", rec.State, rec.Attempt, ev)
 	if err := j.failing("record"); err != nil {
 		return 0, err
 	}
@@ -170,25 +179,19 @@ func (p memPending) Wait(context.Context) error {
 	return p.j.failing("stored " + p.what)
 }
 
-func (j *memJournal) Event(e *job.Event, _ int) (pending, error) {
-	what := "event " + string(e.Type)
+func (j *memJournal) Notice(e *job.Event) error {
+	what := "notice " + string(e.Type)
 	if e.Phase != "" {
 		what += "/" + e.Phase
 	}
 	j.ops.add("%s", what)
-	if err := j.failing(what); err != nil {
-		return nil, err
-	}
 	j.mu.Lock()
-	j.events = append(j.events, e)
+	j.notices = append(j.notices, e)
 	j.mu.Unlock()
-	if e.Type == job.EventLog || e.Type == job.EventHeartbeat {
-		return nil, nil
-	}
-	return memPending{j, what}, nil
+	return j.failing(what)
 }
 
-func (j *memJournal) DeadLetter(_, _ string, _ []byte, _ string, _ *job.Failure, _ int) (pending, error) {
+func (j *memJournal) DeadLetter(queue.JobKey, []byte, *job.Failure, int) (pending, error) {
 	j.ops.add("dead letter")
 	if err := j.failing("dead letter"); err != nil {
 		return nil, err
@@ -197,30 +200,6 @@ func (j *memJournal) DeadLetter(_, _ string, _ []byte, _ string, _ *job.Failure,
 	j.dlq++
 	j.mu.Unlock()
 	return memPending{j, "dead letter"}, nil
-}
-
-func (j *memJournal) Result(_ context.Context, res *job.Result) (*job.Result, error) {
-	j.ops.add("result %s", res.Status)
-	if err := j.failing("result"); err != nil {
-		return nil, err
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if old := j.results[res.JobID]; old != nil {
-		return old, nil
-	}
-	j.results[res.JobID] = res
-	return res, nil
-}
-
-func (j *memJournal) StoredResult(_ context.Context, id string) (*job.Result, error) {
-	j.ops.add("read result")
-	if err := j.failing("read result"); err != nil {
-		return nil, err
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.results[id], nil
 }
 
 // testWorker is a Worker with nothing but what a delivery's pipeline
@@ -236,27 +215,35 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, slots: newSlots(cfg.Slots), journal: j,
 		running: map[string]*delivery{}}
 	w.m = newMetrics(noopMeter, w)
+	w.sealer, _ = queue.NewSealer(make([]byte, 32))
 	w.settling, w.giveUp = context.WithCancel(context.Background())
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	t.Cleanup(w.giveUp)
 	return w
 }
 
-// request returns a job message's body and headers for a request.
-func jobMessage(t testing.TB, o *ops, r *job.Request, rev uint64, delivered uint64) *fakeMsg {
+// jobMessage returns the message that queued a request, as the
+// dispatcher writes it: the first version of the job's record, at stream
+// sequence seq.
+func jobMessage(t testing.TB, o *ops, r *job.Request, seq uint64, delivered uint64) *fakeMsg {
 	t.Helper()
 	r.Normalize()
-	data, err := json.Marshal(r)
+	rec := queuedRecord(r)
+	data, err := json.Marshal(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := nats.Header{}
-	h.Set(queue.HeaderMsgID, r.ID)
-	h.Set(queue.HeaderSubmittedAt, time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano))
-	if rev > 0 {
-		h.Set(queue.HeaderRecordRev, fmt.Sprint(rev))
-	}
-	return &fakeMsg{ops: o, data: data, headers: h, delivered: delivered}
+	names := queue.Names{}
+	return &fakeMsg{ops: o, subject: names.PoolJob(r.Pool, queue.KindQueued(r.Priority), job.DefaultTenant, r.ID),
+		data: data, headers: nats.Header{}, delivered: delivered, seq: seq}
+}
+
+// queuedRecord is the record version that queues a request.
+func queuedRecord(r *job.Request) *job.Record {
+	r.Normalize()
+	sub := time.Now().Add(-time.Second)
+	return &job.Record{ID: r.ID, Tenant: job.DefaultTenant, Pool: r.Pool, Priority: r.Priority, State: job.StateQueued,
+		Event: job.EventQueued, MaxAttempts: r.Retry.MaxAttempts, SubmittedAt: sub, UpdatedAt: sub, Request: r}
 }
 
 // wantOps fails unless the log is exactly want.

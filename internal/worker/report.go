@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -26,19 +27,18 @@ func (d *delivery) progress() (stop func()) {
 			if err := d.msg.InProgress(); err != nil {
 				d.log.Warn("progress ack failed", "err", err)
 			}
-			seq := d.nextHeartbeat()
 			// Every UsageInterval the heartbeat carries what the attempt
 			// uses, when the executor can read it.
 			var u *job.Usage
 			if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(nextUsage) {
 				nextUsage = now.Add(d.w.cfg.UsageInterval)
-				u = d.w.cfg.Usage.Of(d.ctx, d.id, d.n)
+				u = d.w.cfg.Usage.Of(d.ctx, executor.TenantKey(d.key.Tenant), d.id, d.n)
 			}
 			if u == nil {
-				d.eventSeq(job.EventHeartbeat, seq, nil)
+				d.notice(job.EventHeartbeat, nil)
 				return
 			}
-			d.eventSeq(job.EventHeartbeat, seq, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
+			d.notice(job.EventHeartbeat, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
 		})
 	}()
 	return func() { cancel(); wg.Wait() }
@@ -58,9 +58,9 @@ func (d *delivery) Log(stream, line string) {
 	max := d.w.cfg.MaxLogEvents
 	switch {
 	case n < max:
-		d.eventSeq(job.EventLog, d.seqBase+n, func(e *job.Event) { e.Stream, e.Line = stream, line })
+		d.notice(job.EventLog, func(e *job.Event) { e.Stream, e.Line = stream, line })
 	case n == max:
-		d.eventSeq(job.EventLog, d.seqBase+n, func(e *job.Event) {
+		d.notice(job.EventLog, func(e *job.Event) {
 			e.Stream, e.Line = stream, line
 			e.Message = fmt.Sprintf("log events stop here (limit %d); the result keeps the tail of each stream", max)
 		})
@@ -69,13 +69,5 @@ func (d *delivery) Log(stream, line string) {
 
 // Phase implements Reporter: a heartbeat event that names the new phase.
 func (d *delivery) Phase(phase, message string) {
-	d.eventSeq(job.EventHeartbeat, d.nextHeartbeat(), func(e *job.Event) { e.Phase, e.Message = phase, message })
-}
-
-// nextHeartbeat numbers the attempt's next heartbeat event.
-func (d *delivery) nextHeartbeat() int {
-	d.logMu.Lock()
-	defer d.logMu.Unlock()
-	d.hbSeq++
-	return d.seqBase + d.hbSeq
+	d.notice(job.EventHeartbeat, func(e *job.Event) { e.Phase, e.Message = phase, message })
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,19 +69,15 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 	case doLeaveRunning:
 		d.leaveRunning(act)
 		return d.msg.Nak()
-	case doFinish, doConclude:
-		res := act.result
+	case doFinish:
 		history := append(slices.Clone(d.rec.History), act.lost...)
-		if act.verb == doFinish {
-			_, endResult := telemetry.Step(ctx, "fleet.result")
-			stored, err := d.w.journal.Result(ctx, d.resultOf(act.outcome, act.attempts, history))
-			endResult(err)
-			if err != nil {
-				return err
-			}
-			res = stored
+		res := d.resultOf(act.outcome, act.attempts, history)
+		dead, err := d.finish(ctx, res)
+		if errors.Is(err, errFinished) {
+			// Another delivery, or a cancel, finished it first: that
+			// result stands.
+			return d.msg.Ack()
 		}
-		dead, err := d.conclude(ctx, res, history)
 		if err != nil {
 			return err
 		}
@@ -116,12 +113,18 @@ func (d *delivery) holdOn() (stop func()) {
 	}
 }
 
-// clone copies a record so that a write prepared on the copy changes
-// nothing here until it is stored.
+// errFinished: the job's record was finished by another delivery or a
+// cancel while this one settled; its result stands.
+var errFinished = errors.New("the job was finished meanwhile")
+
+// clone starts the next version of a record, on a copy, so that a write
+// prepared on it changes nothing here until it is stored. What only one
+// version says (its event and message; the request, the result) does not
+// carry over.
 func clone(r *job.Record) *job.Record {
-	c := *r
-	c.History = slices.Clone(r.History)
-	return &c
+	c := r.Version()
+	c.Event = ""
+	return c
 }
 
 // claim writes the record as change makes it, with compare-and-set against
@@ -151,6 +154,12 @@ func (d *delivery) begin(ctx context.Context, act action) error {
 		if n := len(act.lost); n > 0 {
 			rec.Failure = act.lost[n-1].Failure
 		}
+		rec.Event = job.EventStarted
+		if act.restart {
+			// Watchers learn why the attempt they saw never ended.
+			lost := act.lost[len(act.lost)-1]
+			rec.Message = fmt.Sprintf("%s; attempt %d starts now", lost.Failure.Message, act.attempt)
+		}
 		first = rec.StartedAt == nil
 		rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, act.attempt, d.w.cfg.ID, d.w.cfg.Backend
 		rec.NextAttemptAt, rec.UpdatedAt, rec.AwaitingSince = nil, now, nil
@@ -162,18 +171,6 @@ func (d *delivery) begin(ctx context.Context, act action) error {
 		return err
 	}
 	d.started, d.first = now, first
-	if act.restart {
-		// Tell watchers why the attempt they saw never ended, now that it
-		// is recorded.
-		zero := job.Duration(0)
-		lost := act.lost[len(act.lost)-1]
-		d.event(job.EventRetryScheduled, func(e *job.Event) {
-			e.Attempt, e.WorkerID, e.Failure = d.n-1, lost.WorkerID, lost.Failure
-			e.NextAttemptAt, e.Delay = &now, &zero
-			e.Message = fmt.Sprintf("%s; attempt %d starts now", lost.Failure.Message, d.n)
-		})
-	}
-	d.event(job.EventStarted, nil)
 	return nil
 }
 
@@ -182,26 +179,22 @@ func (d *delivery) begin(ctx context.Context, act action) error {
 // once adopt it), then announces the adoption. The attempt keeps its
 // number; nothing else changes.
 func (d *delivery) takeOver(ctx context.Context, act action) error {
-	owner := d.rec.WorkerID
-	err := d.claim(ctx, func(rec *job.Record) {
-		rec.WorkerID, rec.Backend, rec.UpdatedAt, rec.AwaitingSince = d.w.cfg.ID, d.w.cfg.Backend, time.Now(), nil
-		rec.Adoptions++
-	})
-	if err != nil {
-		return err
-	}
-	f := act.found
-	d.log = d.log.With("adopted_attempt", d.n)
-	d.seqBase = d.rec.Adoptions * adoptionSeqs
-	d.started = cmp.Or(f.StartedAt, time.Now())
+	owner, f := d.rec.WorkerID, act.found
 	how := "runs"
 	if f.Standing == executor.Ended {
 		how = "ended while no worker followed it"
 	}
-	d.eventSeq(job.EventHeartbeat, d.nextHeartbeat(), func(e *job.Event) {
-		e.Phase = job.PhaseAdopted
-		e.Message = fmt.Sprintf("attempt %d adopted by worker %s from worker %s: %s %s", d.n, d.w.cfg.ID, owner, f.Handle, how)
+	err := d.claim(ctx, func(rec *job.Record) {
+		rec.WorkerID, rec.Backend, rec.UpdatedAt, rec.AwaitingSince = d.w.cfg.ID, d.w.cfg.Backend, time.Now(), nil
+		rec.Adoptions++
+		rec.Event, rec.Phase = job.EventHeartbeat, job.PhaseAdopted
+		rec.Message = fmt.Sprintf("attempt %d adopted by worker %s from worker %s: %s %s", d.n, d.w.cfg.ID, owner, f.Handle, how)
 	})
+	if err != nil {
+		return err
+	}
+	d.log = d.log.With("adopted_attempt", d.n)
+	d.started = cmp.Or(f.StartedAt, time.Now())
 	d.log.Info("attempt adopted", "from", owner, "handle", f.Handle, "standing", f.Standing)
 	return nil
 }
@@ -215,17 +208,14 @@ func (d *delivery) retry(ctx context.Context, act action) error {
 	if act.memory != "" {
 		msg += fmt.Sprintf(" with memory raised from %s to %s", d.req.Resources.Memory, act.memory)
 	}
-	dl := job.Duration(act.delay)
-	p := d.event(job.EventRetryScheduled, func(e *job.Event) {
-		e.ExitCode, e.Failure, e.NextAttemptAt, e.Delay, e.Message = out.ExitCode, out.Failure, &next, &dl, msg
-	})
 	err := d.save(ctx, func(rec *job.Record) {
 		rec.History = append(rec.History, attemptSummary(d.n, w.cfg.ID, out))
 		rec.State, rec.Failure, rec.NextAttemptAt, rec.UpdatedAt = job.StateRetrying, out.Failure, &next, time.Now()
+		rec.Event, rec.Message, rec.ExitCode = job.EventRetryScheduled, msg, out.ExitCode
 		if act.memory != "" {
 			rec.MemoryOverride = act.memory
 		}
-	}, p)
+	})
 	if err != nil {
 		return err
 	}
@@ -256,34 +246,36 @@ func (d *delivery) resultOf(out *executor.Outcome, attempts int, history []job.A
 	return res
 }
 
-// conclude announces a stored result: a dead letter when the job failed,
-// the final event and the final record. Every step is idempotent, so a
-// delivery that finds a result published by an earlier one concludes it
-// the same way. It reports whether the job was dead-lettered.
-func (d *delivery) conclude(ctx context.Context, res *job.Result, history []job.Attempt) (dead bool, err error) {
+// finish writes the job's final record, which carries its one result,
+// after the dead letter of a job that failed (the final version is always
+// a job's last, so that watchers can stop there). It reports whether the
+// job was dead-lettered; errFinished when another delivery or a cancel
+// finished it first.
+func (d *delivery) finish(ctx context.Context, res *job.Result) (dead bool, err error) {
 	w := d.w
-	// The final event is always a job's last, so that watchers can stop
-	// there: the dead letter is announced before it.
-	var pubs []pending
+	var dlq pending
 	dead = res.Status == job.StatusFailed || res.Status == job.StatusTimedOut
 	if dead {
-		pubs = d.deadLetter(res.Failure, res.Attempts)
+		dlq = d.deadLetter(res.Failure, res.Attempts)
 	}
-	pubs = append(pubs, d.event(res.Status.EventType(), func(e *job.Event) {
-		e.Attempt, e.ExitCode, e.Failure = res.Attempts, res.ExitCode, res.Failure
-		if res.WorkerID != "" {
-			e.WorkerID = res.WorkerID
-		}
-		if res.Failure != nil {
-			e.Message = res.Failure.Message
-		}
-	}))
+	_, endResult := telemetry.Step(ctx, "fleet.result")
 	now := time.Now()
 	err = d.save(ctx, func(rec *job.Record) {
-		rec.History = history
+		rec.History = res.History
 		rec.State, rec.Attempt, rec.Failure, rec.UpdatedAt, rec.NextAttemptAt = job.State(res.Status), res.Attempts, res.Failure, now, nil
 		rec.FinishedAt, rec.ExitCode = &res.FinishedAt, res.ExitCode
-	}, pubs...)
+		rec.Event, rec.Result = res.Status.EventType(), res
+		if res.WorkerID != "" {
+			rec.WorkerID = res.WorkerID
+		}
+		if res.Failure != nil {
+			rec.Message = res.Failure.Message
+		}
+		if dead {
+			rec.Message = strings.TrimPrefix(rec.Message+"; request copied to "+w.names.DLQV2(d.key.Pool, d.key.Tenant, d.id), "; ")
+		}
+	}, dlq)
+	endResult(err)
 	if err != nil {
 		return false, err
 	}
@@ -299,8 +291,8 @@ func (d *delivery) conclude(ctx context.Context, res *job.Result, history []job.
 // counting as an attempt: if the record says this worker runs the
 // delivery's attempt, it did not happen.
 func (d *delivery) requeue(ctx context.Context, act action) error {
-	p := d.event(job.EventQueued, func(e *job.Event) { e.Message = "handed back by worker " + d.w.cfg.ID + ": " + act.why })
 	err := d.save(ctx, func(rec *job.Record) {
+		rec.Event, rec.Message = job.EventQueued, "requeued by worker "+d.w.cfg.ID+": "+act.why
 		rec.Handbacks++
 		if rec.State == job.StateRunning && rec.WorkerID == d.w.cfg.ID && rec.Attempt == d.n {
 			rec.State, rec.Attempt = job.StateQueued, d.n-1
@@ -309,7 +301,7 @@ func (d *delivery) requeue(ctx context.Context, act action) error {
 			}
 		}
 		rec.UpdatedAt = time.Now()
-	}, p)
+	})
 	if err != nil {
 		return err
 	}
@@ -323,13 +315,18 @@ func (d *delivery) requeue(ctx context.Context, act action) error {
 // failed result saying why.
 func (d *delivery) refuse(ctx context.Context, why string) error {
 	d.log.Warn("refusing malformed job message", "subject", d.msg.Subject(), "err", why)
-	id := d.msg.Headers().Get(queue.HeaderMsgID)
-	if job.ValidID(id) {
+	_, k, ok := d.w.names.ParsePoolJob(d.msg.Subject())
+	meta, err := d.msg.Metadata()
+	if ok && err == nil && k.Pool == d.w.cfg.Pool && job.ValidID(k.ID) && job.ValidTenant(k.Tenant) {
+		// The job's producer learns why, if the message was the job's
+		// first record version and nothing came after it.
 		now := time.Now()
-		res := &job.Result{JobID: id, Pool: d.w.cfg.Pool, Status: job.StatusFailed, FinishedAt: now,
-			Failure: job.Failf(job.ClassRejected, job.CodeInvalid, "%s", why)}
-		if _, err := d.w.journal.Result(ctx, res); err != nil {
-			d.log.Warn("the result of a malformed job message was not published", "err", err)
+		f := job.Failf(job.ClassRejected, job.CodeInvalid, "%s", why)
+		rec := &job.Record{ID: k.ID, Tenant: k.Tenant, Pool: k.Pool, State: job.StateFailed, Event: job.EventFailed,
+			SubmittedAt: now, UpdatedAt: now, FinishedAt: &now, Failure: f, Message: why,
+			Result: &job.Result{JobID: k.ID, Pool: k.Pool, Status: job.StatusFailed, FinishedAt: now, Failure: f}}
+		if _, err := d.w.journal.WriteRecord(ctx, rec, meta.Sequence.Stream); err != nil {
+			d.log.Warn("the result of a malformed job message was not written", "err", err)
 		}
 	}
 	return d.msg.TermWithReason("malformed request")
@@ -351,9 +348,14 @@ func (d *delivery) save(ctx context.Context, change func(*job.Record), pubs ...p
 		if !errors.Is(err, queue.ErrConflict) {
 			return err
 		}
-		cur, rev, err := j.Record(ctx, d.id)
+		cur, rev, err := j.Record(ctx, d.key)
 		if err != nil {
 			return err
+		}
+		mine := clone(d.rec)
+		change(mine)
+		if cur.State.Final() && mine.State.Final() {
+			return errFinished
 		}
 		if cur.Attempt > d.n || (cur.Attempt == d.n && cur.State == job.StateRunning && cur.WorkerID != d.w.cfg.ID) {
 			// Another delivery took the job over (this one was given up for
@@ -364,8 +366,6 @@ func (d *delivery) save(ctx context.Context, change func(*job.Record), pubs ...p
 		if cur.CancelRequested && !d.rec.CancelRequested {
 			d.cancel(executor.ErrCancelled)
 		}
-		mine := clone(d.rec)
-		change(mine)
 		d.rec, d.rev = cur, rev
 		if cur.State.Final() && !mine.State.Final() {
 			// The dispatcher finished it (a cancel while queued).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,11 +55,11 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 
 	cases := []settleCase{
 		{
-			name: "run records the attempt running, then announces it; nothing is acknowledged",
+			name: "run records the attempt running, which announces it; nothing is acknowledged",
 			n:    1, act: action{verb: doRun, attempt: 1},
-			want: []string{"record running 1", "event started"},
+			want: []string{"record running 1 started"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
-				if rec.WorkerID != "w1" || rec.StartedAt == nil || rec.Backend != "test" {
+				if rec.WorkerID != "w1" || rec.StartedAt == nil || rec.Backend != "test" || rec.Request != nil {
 					t.Errorf("record %+v", rec)
 				}
 			},
@@ -66,20 +67,21 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 		{
 			name: "run after a lost attempt records it in the history and says the next starts now",
 			rec:  running, n: 2, act: action{verb: doRun, attempt: 2, lost: []job.Attempt{lost}, restart: true},
-			want: []string{"record running 2", "event retry_scheduled", "event started"},
+			want: []string{"record running 2 started"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
-				if len(rec.History) != 1 || rec.History[0].Failure.Code != job.CodeWorkerLost || rec.Failure == nil {
-					t.Errorf("history %+v failure %+v", rec.History, rec.Failure)
+				if len(rec.History) != 1 || rec.History[0].Failure.Code != job.CodeWorkerLost || rec.Failure == nil ||
+					!strings.Contains(rec.Message, "attempt 2 starts now") {
+					t.Errorf("history %+v failure %+v message %q", rec.History, rec.Failure, rec.Message)
 				}
 			},
 		},
 		{
-			name: "run whose compare-and-set is refused writes nothing and announces nothing",
+			name: "run whose compare-and-set is refused writes nothing",
 			n:    1, act: action{verb: doRun, attempt: 1},
 			onWrite: func(j *memJournal, _ *job.Record) {
 				j.put(&job.Record{ID: "j", Pool: "default", State: job.StateQueued, CancelRequested: true})
 			},
-			want:    []string{"record running 1"},
+			want:    []string{"record running 1 started"},
 			wantErr: queue.ErrConflict,
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if rec.State != job.StateQueued || !rec.CancelRequested {
@@ -88,16 +90,16 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			},
 		},
 		{
-			name: "adopt names this worker in the record and announces the adoption",
+			name: "adopt names this worker in the record, which announces the adoption",
 			rec: func() *job.Record {
 				r := running()
 				r.WorkerID = "w0"
 				return r
 			},
 			n: 1, act: action{verb: doAdopt, attempt: 1, found: found},
-			want: []string{"record running 1", "event heartbeat/adopted"},
+			want: []string{"record running 1 heartbeat/adopted"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
-				if rec.WorkerID != "w1" || rec.Adoptions != 1 || rec.Attempt != 1 {
+				if rec.WorkerID != "w1" || rec.Adoptions != 1 || rec.Attempt != 1 || !strings.Contains(rec.Message, "from worker w0") {
 					t.Errorf("record %+v", rec)
 				}
 			},
@@ -119,21 +121,21 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			want: []string{"ack"},
 		},
 		{
-			name: "refuse publishes a failed result for a usable id, then terminates",
+			name: "refuse finishes the job failed with the reason, then terminates",
 			n:    1, act: action{verb: doRefuse, why: "invalid request: command is missing"},
-			want: []string{"result failed", "term malformed request"},
-			check: func(t *testing.T, _ *job.Record, j *memJournal) {
-				if r := j.results["j"]; r == nil || r.Failure.Class != job.ClassRejected {
-					t.Errorf("result %+v", r)
+			want: []string{"record failed 0 failed +result", "term malformed request"},
+			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
+				if rec.Result == nil || rec.Result.Failure.Class != job.ClassRejected || !strings.Contains(rec.Message, "command is missing") {
+					t.Errorf("record %+v", rec)
 				}
 			},
 		},
 		{
-			name: "requeue of a running attempt undoes it, announces the job queued, then naks at once",
+			name: "requeue of a running attempt undoes it in a record that says the job is queued again, then naks at once",
 			rec:  running, n: 1, act: action{verb: doRequeue, attempt: 1, why: "the worker is shutting down"},
-			want: []string{"event queued", "record queued 0", "stored event queued", "nak"},
+			want: []string{"record queued 0 queued", "nak"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
-				if rec.Handbacks != 1 || rec.StartedAt != nil {
+				if rec.Handbacks != 1 || rec.StartedAt != nil || !strings.Contains(rec.Message, "shutting down") {
 					t.Errorf("record %+v", rec)
 				}
 			},
@@ -142,13 +144,13 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			name: "requeue whose record write fails leaves the message for redelivery",
 			rec:  running, n: 1, act: action{verb: doRequeue, attempt: 1, why: "shutting down"},
 			fail:    []string{"record"},
-			want:    []string{"event queued", "record queued 0"},
+			want:    []string{"record queued 0 queued"},
 			wantErr: errNATS,
 		},
 		{
-			name: "retry records the failed attempt, announces the next, and naks with the backoff",
+			name: "retry records the failed attempt and the next, then naks with the backoff",
 			rec:  running, n: 1, act: action{verb: doRetry, attempt: 1, outcome: failed, delay: 5 * time.Second, memory: "512Mi"},
-			want: []string{"event retry_scheduled", "record retrying 1", "stored event retry_scheduled", "nak 5s"},
+			want: []string{"record retrying 1 retry_scheduled", "nak 5s"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if len(rec.History) != 1 || rec.NextAttemptAt == nil || rec.MemoryOverride != "512Mi" || rec.Failure.Code != job.CodeExitCode {
 					t.Errorf("record %+v", rec)
@@ -156,17 +158,17 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			},
 		},
 		{
-			name: "retry whose event is not stored leaves the message for redelivery",
+			name: "retry whose record is not stored leaves the message for redelivery",
 			rec:  running, n: 1, act: action{verb: doRetry, attempt: 1, outcome: failed, delay: time.Second},
-			fail:    []string{"stored event retry_scheduled"},
-			want:    []string{"event retry_scheduled", "record retrying 1", "stored event retry_scheduled"},
+			fail:    []string{"record"},
+			want:    []string{"record retrying 1 retry_scheduled"},
 			wantErr: errNATS,
 		},
 		{
-			name: "await owner notes since when, announces it once, and naks with the delay",
+			name: "await owner notes since when in a record that says so, and naks with the delay",
 			rec:  func() *job.Record { r := running(); r.WorkerID = "w0"; return r },
 			n:    1, act: action{verb: doAwaitOwner, attempt: 1, delay: 5 * time.Second, why: "on another host"},
-			want: []string{"record running 1", "event heartbeat/awaiting_owner", "nak 5s"},
+			want: []string{"record running 1 heartbeat/awaiting_owner", "nak 5s"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if rec.AwaitingSince == nil || rec.WorkerID != "w0" {
 					t.Errorf("record %+v", rec)
@@ -174,9 +176,9 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			},
 		},
 		{
-			name: "leave running announces it and naks at once; the record still says it runs",
+			name: "leave running says so best effort and naks at once; the record still says it runs",
 			rec:  running, n: 1, act: action{verb: doLeaveRunning, attempt: 1},
-			want: []string{"event heartbeat/handed_off", "nak"},
+			want: []string{"notice heartbeat/handed_off", "nak"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if rec.State != job.StateRunning || rec.WorkerID != "w1" {
 					t.Errorf("record %+v", rec)
@@ -184,38 +186,36 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			},
 		},
 		{
-			name: "finish publishes the result, then the final event and record, then acknowledges",
+			name: "finish writes the final record with the result, then acknowledges",
 			rec:  running, n: 1, act: action{verb: doFinish, attempt: 1, attempts: 1, outcome: succeeded},
-			want: []string{"result succeeded", "event succeeded", "record succeeded 1", "stored event succeeded", "ack"},
-			check: func(t *testing.T, rec *job.Record, j *memJournal) {
-				if rec.FinishedAt == nil || j.results["j"].Attempts != 1 {
+			want: []string{"record succeeded 1 succeeded +result", "ack"},
+			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
+				if rec.FinishedAt == nil || rec.Result.Attempts != 1 || rec.Result.Status != job.StatusSucceeded {
 					t.Errorf("record %+v", rec)
 				}
 			},
 		},
 		{
-			name: "finish of a failed job dead-letters it before the final event, and terminates",
+			name: "finish of a failed job dead-letters it before the final record, and terminates",
 			rec:  running, n: 1, act: action{verb: doFinish, attempt: 1, attempts: 1, outcome: failed},
-			want: []string{"result failed", "dead letter", "event dead_lettered", "event failed", "record failed 1",
-				"stored dead letter", "stored event dead_lettered", "stored event failed", "term dead-lettered: execution"},
+			want: []string{"dead letter", "record failed 1 failed +result", "stored dead letter", "term dead-lettered: execution"},
 		},
 		{
 			name: "finish with lost attempts puts them in the result's and the record's history",
 			rec:  running, n: 2, act: action{verb: doFinish, attempt: 2, attempts: 1, lost: []job.Attempt{lost},
 				outcome: &executor.Outcome{Status: job.StatusFailed, Failure: lost.Failure}},
-			want: []string{"result failed", "dead letter", "event dead_lettered", "event failed", "record failed 1",
-				"stored dead letter", "stored event dead_lettered", "stored event failed", "term dead-lettered: infrastructure"},
-			check: func(t *testing.T, rec *job.Record, j *memJournal) {
-				if len(rec.History) != 1 || len(j.results["j"].History) != 1 {
-					t.Errorf("history: record %+v, result %+v", rec.History, j.results["j"].History)
+			want: []string{"dead letter", "record failed 1 failed +result", "stored dead letter", "term dead-lettered: infrastructure"},
+			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
+				if len(rec.History) != 1 || len(rec.Result.History) != 1 {
+					t.Errorf("history: record %+v, result %+v", rec.History, rec.Result.History)
 				}
 			},
 		},
 		{
-			name: "finish whose result is not published writes nothing else",
+			name: "finish whose final record is not stored leaves the message for redelivery",
 			rec:  running, n: 1, act: action{verb: doFinish, attempt: 1, attempts: 1, outcome: succeeded},
-			fail:    []string{"result"},
-			want:    []string{"result succeeded"},
+			fail:    []string{"record"},
+			want:    []string{"record succeeded 1 succeeded +result"},
 			wantErr: errNATS,
 		},
 		{
@@ -226,11 +226,25 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 				r.CancelRequested = true
 				j.put(r)
 			},
-			want: []string{"result succeeded", "event succeeded", "record succeeded 1", "read record", "record succeeded 1",
-				"stored event succeeded", "ack"},
+			want: []string{"record succeeded 1 succeeded +result", "read record", "record succeeded 1 succeeded +result", "ack"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if rec.State != job.StateSucceeded || !rec.CancelRequested {
 					t.Errorf("record %+v", rec)
+				}
+			},
+		},
+		{
+			name: "finish after another finished the job acknowledges, and its result stands",
+			rec:  running, n: 1, act: action{verb: doFinish, attempt: 1, attempts: 1, outcome: succeeded},
+			onWrite: func(j *memJournal, _ *job.Record) {
+				r := running()
+				r.State, r.Result = job.StateCancelled, &job.Result{JobID: "j", Status: job.StatusCancelled}
+				j.put(r)
+			},
+			want: []string{"record succeeded 1 succeeded +result", "read record", "ack"},
+			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
+				if rec.State != job.StateCancelled || rec.Result.Status != job.StatusCancelled {
+					t.Errorf("the result that stood was overwritten: %+v", rec)
 				}
 			},
 		},
@@ -242,18 +256,12 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 				r.Attempt, r.WorkerID = 2, "w2"
 				j.put(r)
 			},
-			want: []string{"result succeeded", "event succeeded", "record succeeded 1", "read record"},
+			want: []string{"record succeeded 1 succeeded +result", "read record"},
 			check: func(t *testing.T, rec *job.Record, _ *memJournal) {
 				if rec.Attempt != 2 || rec.State != job.StateRunning {
 					t.Errorf("the later attempt's record was overwritten: %+v", rec)
 				}
 			},
-		},
-		{
-			name: "conclude announces a result that stands without publishing one",
-			rec:  running, n: 2,
-			act:  action{verb: doConclude, attempt: 2, result: &job.Result{JobID: "j", Status: job.StatusSucceeded, Attempts: 1}},
-			want: []string{"event succeeded", "record succeeded 1", "stored event succeeded", "ack"},
 		},
 	}
 	for _, c := range cases {
@@ -271,8 +279,9 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			j.onWrite = c.onWrite
 			w := testWorker(t, j, Config{})
 			req := &job.Request{ID: "j", Command: []string{"true"}}
-			d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), log: w.log, id: "j", n: c.n, req: req, rev: rev}
-			d.rec, _, _ = j.Record(context.Background(), "j")
+			key := queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: "j"}
+			d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), log: w.log, key: key, id: "j", n: c.n, req: req, rev: rev}
+			d.rec, _, _ = j.Record(context.Background(), key)
 			d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
 			o.log = nil // the read above is the test's
 
@@ -309,7 +318,7 @@ func (b blocking) Run(ctx context.Context, t *executor.Task) (*executor.Outcome,
 func TestCancelReachesARunningDelivery(t *testing.T) {
 	o := &ops{}
 	j := newJournal(o)
-	rev := j.put(&job.Record{ID: "c", Pool: "default", State: job.StateQueued})
+	rev := j.put(queuedRecord(&job.Request{ID: "c", Command: []string{"sleep", "60"}}))
 	w := testWorker(t, j, Config{})
 	exec := blocking{started: make(chan struct{})}
 	w.exec = exec
@@ -319,8 +328,7 @@ func TestCancelReachesARunningDelivery(t *testing.T) {
 
 	// Cancels arrive from the moment the delivery starts, as they may
 	// when a job is cancelled as it is delivered.
-	notice := nats.NewMsg(w.names.Cancel("c"))
-	notice.Header.Set(queue.HeaderCancelNotice, "dispatcher")
+	notice := nats.NewMsg(w.names.Stop("default", job.DefaultTenant, "c"))
 	handled := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -339,10 +347,8 @@ func TestCancelReachesARunningDelivery(t *testing.T) {
 	close(handled)
 	wg.Wait()
 
-	// The started event is not waited for: watchers learn of the start
-	// from it, but nothing waits on its acknowledgement.
-	wantOps(t, o.all(), []string{"record running 1", "event started",
-		"result cancelled", "event cancelled", "record cancelled 1", "stored event cancelled", "ack"})
+	// Two writes: the attempt's start, and its end with the result.
+	wantOps(t, o.all(), []string{"record running 1 started", "record cancelled 1 cancelled +result", "ack"})
 	if rec := j.get("c"); rec.State != job.StateCancelled {
 		t.Errorf("record %+v", rec)
 	}
@@ -357,7 +363,7 @@ func TestCancelReachesARunningDelivery(t *testing.T) {
 func TestNoCapacityWritesNothing(t *testing.T) {
 	o := &ops{}
 	j := newJournal(o)
-	rev := j.put(&job.Record{ID: "n", Pool: "default", State: job.StateQueued})
+	rev := j.put(queuedRecord(&job.Request{ID: "n", Command: []string{"true"}}))
 	w := testWorker(t, j, Config{})
 	w.cfg.Capacity = full{}
 	w.exec = blocking{started: make(chan struct{})}

@@ -196,8 +196,10 @@ type Worker struct {
 	log   *slog.Logger
 	slots *slots
 	ended signal // fires when an attempt ends
-	// journal reads and writes the jobs' records, events and results.
+	// journal reads and writes the jobs' records, events and results;
+	// sealer opens the requests' secrets.
 	journal journal
+	sealer  *queue.Sealer
 	cons    jetstream.Consumer
 	cubs    *nats.Subscription
 	m       metrics
@@ -253,21 +255,22 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 // created the streams, and while the NATS cluster elects its leaders, it
 // waits and logs why.
 func (w *Worker) Start(ctx context.Context) error {
-	store, err := queue.NewStore(ctx, w.js, w.names, w.log)
+	sealer, err := queue.OpenSealer(ctx, w.js, w.names, false, w.log)
 	if err != nil {
 		return err
 	}
-	w.journal = &jsJournal{nc: w.nc, js: w.js, store: store, names: w.names}
+	w.sealer = sealer
+	w.journal = &jsJournal{nc: w.nc, js: w.js, jobs: queue.NewJobs(w.js, w.names), names: w.names}
 	if err := w.recover(ctx); err != nil {
 		return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 	}
-	cons, err := queue.PoolConsumer(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
+	cons, err := queue.PoolConsumerV2(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
 	if err != nil {
 		return err
 	}
 	w.cons = cons
 	// Every worker hears every cancel; it acts on those of jobs it runs.
-	w.cubs, err = w.nc.Subscribe(w.names.AllCancels(), w.onCancel)
+	w.cubs, err = w.nc.Subscribe(w.names.PoolStops(w.cfg.Pool), w.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to cancels: %w", err)
 	}
@@ -438,7 +441,7 @@ func (w *Worker) pull() {
 			if gone(err) {
 				// The pool's consumer or stream was deleted (an operator
 				// moving the pool to a stream of its own): bind again.
-				if cons, err := queue.PoolConsumer(w.pullCtx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err == nil {
+				if cons, err := queue.PoolConsumerV2(w.pullCtx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err == nil {
 					w.cons = cons
 				}
 			}
@@ -475,37 +478,41 @@ func (w *Worker) pull() {
 // dispatcher says so: it has recorded the cancel first, so that the
 // record, the answer to the user and the outcome agree.
 func (w *Worker) onCancel(m *nats.Msg) {
-	if m.Header.Get(queue.HeaderCancelNotice) == "" {
-		return // a user's request, for the dispatcher
+	pool, tenant, id, ok := w.names.ParseStop(m.Subject)
+	if !ok || pool != w.cfg.Pool {
+		return
 	}
-	id := w.names.JobID(m.Subject)
 	w.mu.Lock()
-	d := w.running[id]
+	d := w.running[runKey(tenant, id)]
 	w.mu.Unlock()
 	if d != nil {
-		// Only what register set is read here: the delivery's id and its
+		// Only what register set is read here: the delivery's key and its
 		// cancel, both set before it was registered.
-		w.log.Info("cancelling running job", "job_id", id)
+		w.log.Info("cancelling running job", "tenant", tenant, "job_id", id)
 		d.cancel(executor.ErrCancelled)
 	}
 }
+
+// runKey names a running delivery: job ids are a tenant's.
+func runKey(tenant, id string) string { return tenant + "/" + id }
 
 // register notes a delivery as running here; false when another copy of
 // the job already runs on this worker.
 func (w *Worker) register(d *delivery) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.running[d.id] != nil {
+	k := runKey(d.key.Tenant, d.id)
+	if w.running[k] != nil {
 		return false
 	}
-	w.running[d.id] = d
+	w.running[k] = d
 	return true
 }
 
 func (w *Worker) unregister(d *delivery) {
 	w.mu.Lock()
-	if w.running[d.id] == d {
-		delete(w.running, d.id)
+	if k := runKey(d.key.Tenant, d.id); w.running[k] == d {
+		delete(w.running, k)
 	}
 	w.mu.Unlock()
 }

@@ -87,11 +87,11 @@ type Ledger struct {
 
 // key names a lease in the ledger: one per attempt.
 type key struct {
-	job     string
-	attempt int
+	tenant, job string
+	attempt     int
 }
 
-func keyOf(l capacity.Lease) key { return key{l.JobID, l.Attempt} }
+func keyOf(l capacity.Lease) key { return key{l.Tenant, l.JobID, l.Attempt} }
 
 type op struct {
 	capacity.LeaseOp
@@ -187,10 +187,10 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 
 // Holds implements capacity.Holder: whether another worker is alive and holds
 // the lease of a job's attempt.
-func (r *Ledger) Holds(ctx context.Context, workerID, jobID string, attempt int) (bool, error) {
+func (r *Ledger) Holds(ctx context.Context, workerID, tenant, jobID string, attempt int) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return r.s.Holds(ctx, workerID, jobID, attempt)
+	return r.s.Holds(ctx, workerID, tenant, jobID, attempt)
 }
 
 // PeerHasImage implements capacity.Peers: whether another live, healthy
@@ -406,7 +406,7 @@ func (r *Ledger) Snapshot() *job.Heartbeat {
 		Running:     make([]job.RunningAttempt, 0, len(r.leases)),
 	}
 	for _, l := range r.leases {
-		ra := job.RunningAttempt{JobID: l.JobID, Attempt: l.Attempt, StartedAt: l.StartedAt,
+		ra := job.RunningAttempt{Tenant: l.Tenant, JobID: l.JobID, Attempt: l.Attempt, StartedAt: l.StartedAt,
 			CPUMilli: l.CPUMilli, MemoryBytes: l.MemoryBytes, GPUs: l.GPUs}
 		if len(hb.Running) < MaxUsageReported {
 			ra.Usage = r.usage[executor.AttemptID{JobID: l.JobID, Attempt: l.Attempt}]

@@ -105,7 +105,7 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 		backend, seen, version = hb.Backend, hb.ObservedAt, hb.Version
 		if len(held) == 0 {
 			for _, a := range hb.Running {
-				held = append(held, capacity.Lease{JobID: a.JobID, Attempt: a.Attempt})
+				held = append(held, capacity.Lease{Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt})
 			}
 		}
 	}
@@ -118,7 +118,7 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 				back = "the job returns to its pool now"
 			}
 		}
-		e := &job.Event{JobID: l.JobID, Attempt: l.Attempt, Type: job.EventHeartbeat, Time: time.Now().UTC(),
+		e := &job.Event{JobID: l.JobID, Tenant: cmp.Or(l.Tenant, job.DefaultTenant), Attempt: l.Attempt, Type: job.EventHeartbeat, Time: time.Now().UTC(),
 			WorkerID: id, Pool: pool, Backend: backend, Phase: job.PhaseWorkerLost,
 			Failure: job.Failf(job.ClassInfrastructure, job.CodeWorkerLost,
 				"worker %s stopped heartbeating (last seen %s); %s", id, seen.Format(time.RFC3339), back),

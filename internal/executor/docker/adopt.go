@@ -38,7 +38,7 @@ func (e *Executor) Find(ctx context.Context, q executor.Query) (*executor.Found,
 	for i, c := range list {
 		// The job id label is exact, but a label filter matches a prefix
 		// of nothing else: check anyway, and prefer one that runs.
-		if c.Labels[LabelJobID] != q.JobID {
+		if c.Labels[LabelJobID] != q.JobID || c.Labels[LabelTenant] != executor.TenantKey(q.Tenant) {
 			continue
 		}
 		if found == nil || c.State == container.StateRunning {
@@ -124,6 +124,6 @@ func (e *Executor) Adopt(ctx context.Context, t *executor.Task, f *executor.Foun
 // RecoverAdoptable implements executor.Adopter: Recover, but containers
 // whose attempt adoptable says may still be adopted stay, with their
 // workspaces, for the worker that gets the job's message.
-func (e *Executor) RecoverAdoptable(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
+func (e *Executor) RecoverAdoptable(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) error {
 	return e.recover(ctx, workerID, adoptable)
 }

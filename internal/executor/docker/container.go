@@ -33,6 +33,9 @@ const (
 	// LabelDataJobID is on the named volume that holds a job's data
 	// directory (persist): docker volume ls --filter label=fleet.data_job_id=ID.
 	LabelDataJobID = "fleet.data_job_id"
+	// LabelTenant is the job's tenant, on containers and data volumes of
+	// other tenants' jobs than the default one's.
+	LabelTenant = "fleet.tenant"
 )
 
 // cfsPeriod is the CFS period of every container, in microseconds: the
@@ -55,7 +58,7 @@ func randomSuffix() string {
 
 // labels says who owns the container of an attempt.
 func labels(t *executor.Task, workspaceRoot string) map[string]string {
-	return map[string]string{
+	l := map[string]string{
 		LabelManaged:   "true",
 		LabelJobID:     t.JobID,
 		LabelAttempt:   strconv.Itoa(t.Attempt),
@@ -63,6 +66,10 @@ func labels(t *executor.Task, workspaceRoot string) map[string]string {
 		LabelPool:      t.Pool,
 		LabelWorkspace: workspaceRoot,
 	}
+	if tenant := executor.TenantKey(t.Tenant); tenant != "" {
+		l[LabelTenant] = tenant
+	}
+	return l
 }
 
 // resources maps a request's resources onto the container's limits: the

@@ -29,16 +29,16 @@ import (
 
 // dataName names a job's data volume: a DNS label from the job id and a
 // hash of all of it, so that distinct ids stay distinct.
-func dataName(jobID string) string {
+func dataName(tenant, jobID string) string {
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(jobID))
+	_, _ = h.Write([]byte(executor.JobPath(tenant, jobID)))
 	return fmt.Sprintf("fleet-data-%s-%08x", job.DNSLabel(jobID, 40), h.Sum32())
 }
 
 // dataVolume makes the job's data volume, if it has none yet, and returns
 // its name.
-func (e *Executor) dataVolume(ctx context.Context, jobID string) (string, error) {
-	name := dataName(jobID)
+func (e *Executor) dataVolume(ctx context.Context, tenant, jobID string) (string, error) {
+	name := dataName(tenant, jobID)
 	dir := filepath.Join(e.cfg.DataDir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("data directory: %w", err)
@@ -49,7 +49,7 @@ func (e *Executor) dataVolume(ctx context.Context, jobID string) (string, error)
 	_, err := e.api.VolumeCreate(context.WithoutCancel(ctx), volume.CreateOptions{
 		Name: name, Driver: "local",
 		DriverOpts: map[string]string{"type": "none", "o": "bind", "device": dir},
-		Labels:     map[string]string{LabelManaged: "true", LabelDataJobID: jobID},
+		Labels:     dataLabels(tenant, jobID),
 	})
 	if err != nil {
 		return "", fmt.Errorf("create data volume %s: %w", name, err)
@@ -59,8 +59,8 @@ func (e *Executor) dataVolume(ctx context.Context, jobID string) (string, error)
 
 // RemoveData implements executor.DataKeeper: it removes the job's data
 // volume and its folder.
-func (e *Executor) RemoveData(ctx context.Context, jobID string) error {
-	name := dataName(jobID)
+func (e *Executor) RemoveData(ctx context.Context, tenant, jobID string) error {
+	name := dataName(tenant, jobID)
 	if err := e.api.VolumeRemove(ctx, name, false); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove data volume %s: %w", name, err)
 	}
@@ -79,14 +79,22 @@ func (e *Executor) Data(ctx context.Context) ([]executor.DataDir, error) {
 	}
 	var out []executor.DataDir
 	for _, v := range list.Volumes {
-		d := executor.DataDir{JobID: v.Labels[LabelDataJobID]}
+		d := executor.DataDir{Tenant: v.Labels[LabelTenant], JobID: v.Labels[LabelDataJobID]}
 		// Another worker's on the same host is for that worker to sweep:
 		// its folder is in its own DataDir.
-		if d.JobID == "" || v.Name != dataName(d.JobID) || filepath.Dir(v.Options["device"]) != e.cfg.DataDir {
+		if d.JobID == "" || v.Name != dataName(d.Tenant, d.JobID) || filepath.Dir(v.Options["device"]) != e.cfg.DataDir {
 			continue
 		}
 		d.Created, _ = time.Parse(time.RFC3339, v.CreatedAt)
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+func dataLabels(tenant, jobID string) map[string]string {
+	l := map[string]string{LabelManaged: "true", LabelDataJobID: jobID}
+	if t := executor.TenantKey(tenant); t != "" {
+		l[LabelTenant] = t
+	}
+	return l
 }

@@ -316,7 +316,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}()
 	var data string
 	if req.Persists() {
-		if data, err = e.dataVolume(ctx, t.JobID); err != nil {
+		if data, err = e.dataVolume(ctx, executor.TenantKey(t.Tenant), t.JobID); err != nil {
 			return nil, err
 		}
 	}
@@ -388,7 +388,7 @@ func (e *Executor) supervise(ctx context.Context, t *executor.Task, c *live, all
 	req := t.Request
 	bg := context.WithoutCancel(ctx)
 	id, name := c.id, c.name
-	key := executor.AttemptID{JobID: t.JobID, Attempt: t.Attempt}
+	key := executor.AttemptID{Tenant: executor.TenantKey(t.Tenant), JobID: t.JobID, Attempt: t.Attempt}
 	e.track(key, c)
 	defer e.untrack(key)
 	_, endRun := telemetry.Step(ctx, "fleet.run")

@@ -25,7 +25,7 @@ func (e *Executor) Recover(ctx context.Context, workerID string) error {
 	return e.recover(ctx, workerID, nil)
 }
 
-func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
+func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) error {
 	list, err := e.api.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 		filters.Arg("label", LabelManaged+"=true"),
 		filters.Arg("label", LabelWorkerID+"="+workerID),
@@ -37,7 +37,7 @@ func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(
 	for _, c := range list {
 		name := strings.TrimPrefix(firstOr(c.Names, c.ID), "/")
 		jobID, attempt := c.Labels[LabelJobID], c.Labels[LabelAttempt]
-		if n, err := strconv.Atoi(attempt); err == nil && adoptable != nil && adoptable(jobID, n) {
+		if n, err := strconv.Atoi(attempt); err == nil && adoptable != nil && adoptable(c.Labels[LabelTenant], jobID, n) {
 			e.log.Info("keeping a container left by an earlier life of this worker, for adoption", "container", name,
 				"job_id", jobID, "attempt", attempt, "state", c.State)
 			continue

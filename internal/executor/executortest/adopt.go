@@ -171,7 +171,7 @@ func testAdopt(t *testing.T, s *suite) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var asked []string
-		err := ad.RecoverAdoptable(ctx, c.WorkerID, func(jobID string, attempt int) bool {
+		err := ad.RecoverAdoptable(ctx, c.WorkerID, func(_, jobID string, attempt int) bool {
 			asked = append(asked, jobID)
 			return jobID == keep.ID && attempt == 1
 		})
@@ -196,7 +196,7 @@ func testAdopt(t *testing.T, s *suite) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		if err := ad.RecoverAdoptable(ctx, c.WorkerID, func(string, int) bool { return false }); err != nil {
+		if err := ad.RecoverAdoptable(ctx, c.WorkerID, func(string, string, int) bool { return false }); err != nil {
 			t.Fatalf("RecoverAdoptable: %v", err)
 		}
 		nothingLeft(t, inst, 30*time.Second)
@@ -239,13 +239,13 @@ func testPersist(t *testing.T, s *suite) {
 	if out.Status != job.StatusSucceeded || out.Outputs["counter"] != "1" {
 		t.Fatalf("attempt 2: %s, outputs %q; want the checkpoint of attempt 1", describe(out), out.Outputs)
 	}
-	if err := keeper.RemoveData(ctx, id); err != nil {
+	if err := keeper.RemoveData(ctx, "", id); err != nil {
 		t.Fatalf("RemoveData: %v", err)
 	}
 	if listed() {
 		t.Errorf("the data directory of job %s is still listed after RemoveData", id)
 	}
-	if err := keeper.RemoveData(ctx, id); err != nil {
+	if err := keeper.RemoveData(ctx, "", id); err != nil {
 		t.Errorf("RemoveData twice: %v", err)
 	}
 	nothingLeft(t, first, 0)

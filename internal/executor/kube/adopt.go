@@ -45,7 +45,8 @@ func (e *Executor) Find(ctx context.Context, q executor.Query) (*executor.Found,
 	var j *batchv1.Job
 	for i := range list.Items {
 		c := &list.Items[i]
-		if c.Annotations[AnnotationJobID] != q.JobID || c.DeletionTimestamp != nil {
+		if c.Annotations[AnnotationJobID] != q.JobID || c.Annotations[AnnotationTenant] != executor.TenantKey(q.Tenant) ||
+			c.DeletionTimestamp != nil {
 			continue // another id with the same label value, or going
 		}
 		if j == nil || j.CreationTimestamp.Before(&c.CreationTimestamp) {
@@ -186,11 +187,11 @@ func workspaceAt(root string) *workspace.Dir {
 // Secrets and outputs folders. It also deletes the ended Jobs that other
 // workers of the namespace left before their Cleanup, once their records
 // say the attempts no longer run (see sweepPeers).
-func (e *Executor) RecoverAdoptable(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
+func (e *Executor) RecoverAdoptable(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) error {
 	return e.recover(ctx, workerID, adoptable)
 }
 
-func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) error {
+func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) error {
 	ns := e.cfg.Namespace
 	owner := labels.SelectorFromSet(ownerLabels(workerID))
 	jobs, err := e.client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: owner.String()})
@@ -205,7 +206,7 @@ func (e *Executor) recover(ctx context.Context, workerID string, adoptable func(
 	for _, j := range jobs.Items {
 		id := j.Annotations[AnnotationJobID]
 		n, _ := strconv.Atoi(j.Labels[LabelAttempt])
-		if adoptable != nil && id != "" && n > 0 && adoptable(id, n) {
+		if adoptable != nil && id != "" && n > 0 && adoptable(j.Annotations[AnnotationTenant], id, n) {
 			kept[labelValue(id)] = true
 			if d, err := e.outputsOf(&j); err == nil && d != nil {
 				keptDirs[d.Root] = true
@@ -284,26 +285,27 @@ const dataRoot = ".fleet-data"
 
 // dataDir makes the job's data folder on the shared volume, writable by
 // the pods' user, and returns its sub-path.
-func (e *Executor) dataDir(jobID string) (string, error) {
-	if !job.ValidID(jobID) {
+func (e *Executor) dataDir(tenant, jobID string) (string, error) {
+	if !job.ValidID(jobID) || (tenant != "" && !job.ValidTenant(tenant)) {
 		return "", fmt.Errorf("job id %q cannot name a data folder", jobID)
 	}
-	dir := filepath.Join(e.cfg.SharedDir, dataRoot, jobID)
+	rel := executor.JobPath(tenant, jobID)
+	dir := filepath.Join(e.cfg.SharedDir, dataRoot, filepath.FromSlash(rel))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("data folder on the shared volume: %w", err)
 	}
 	if err := os.Chmod(dir, 0o777); err != nil {
 		return "", fmt.Errorf("data folder on the shared volume: %w", err)
 	}
-	return dataRoot + "/" + jobID, nil
+	return dataRoot + "/" + rel, nil
 }
 
 // RemoveData implements executor.DataKeeper.
-func (e *Executor) RemoveData(ctx context.Context, jobID string) error {
-	if e.cfg.SharedDir == "" || !job.ValidID(jobID) {
+func (e *Executor) RemoveData(ctx context.Context, tenant, jobID string) error {
+	if e.cfg.SharedDir == "" || !job.ValidID(jobID) || (tenant != "" && !job.ValidTenant(tenant)) {
 		return nil
 	}
-	err := (&workspace.Dir{Root: filepath.Join(e.cfg.SharedDir, dataRoot, jobID)}).Remove()
+	err := (&workspace.Dir{Root: filepath.Join(e.cfg.SharedDir, dataRoot, filepath.FromSlash(executor.JobPath(tenant, jobID)))}).Remove()
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the data folder of %s: %w", jobID, err)
 	}
@@ -316,12 +318,29 @@ func (e *Executor) Data(ctx context.Context) ([]executor.DataDir, error) {
 	if e.cfg.SharedDir == "" {
 		return nil, nil
 	}
-	entries, err := os.ReadDir(filepath.Join(e.cfg.SharedDir, dataRoot))
+	root := filepath.Join(e.cfg.SharedDir, dataRoot)
+	out, err := dataFolders(root, "")
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("data folders: %w", err)
+	}
+	tenants, _ := os.ReadDir(filepath.Join(root, executor.TenantsDir))
+	for _, t := range tenants {
+		if t.IsDir() && job.ValidTenant(t.Name()) {
+			more, _ := dataFolders(filepath.Join(root, executor.TenantsDir, t.Name()), t.Name())
+			out = append(out, more...)
+		}
+	}
+	return out, nil
+}
+
+// dataFolders lists the jobs' data folders of one tenant's folder.
+func dataFolders(dir, tenant string) ([]executor.DataDir, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
 	}
 	var out []executor.DataDir
 	for _, d := range entries {
@@ -329,7 +348,7 @@ func (e *Executor) Data(ctx context.Context) ([]executor.DataDir, error) {
 			continue
 		}
 		if fi, err := d.Info(); err == nil {
-			out = append(out, executor.DataDir{JobID: d.Name(), Created: fi.ModTime()})
+			out = append(out, executor.DataDir{Tenant: tenant, JobID: d.Name(), Created: fi.ModTime()})
 		}
 	}
 	return out, nil

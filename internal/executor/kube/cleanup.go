@@ -32,7 +32,7 @@ import (
 // nothing waits for it to go.
 func (e *Executor) Cleanup(ctx context.Context, t *executor.Task) error {
 	ctx, end := telemetry.Step(ctx, "fleet.kube.cleanup")
-	names, err := e.jobsOfAttempt(ctx, t.JobID, t.Attempt)
+	names, err := e.jobsOfAttempt(ctx, executor.TenantKey(t.Tenant), t.JobID, t.Attempt)
 	if err != nil {
 		end(err)
 		return err
@@ -49,12 +49,12 @@ func (e *Executor) Cleanup(ctx context.Context, t *executor.Task) error {
 
 // jobsOfAttempt names the Jobs of one attempt: from the cache when this
 // worker made them, else from the API server (an adopted attempt's).
-func (e *Executor) jobsOfAttempt(ctx context.Context, jobID string, attempt int) ([]string, error) {
+func (e *Executor) jobsOfAttempt(ctx context.Context, tenant, jobID string, attempt int) ([]string, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: "fleet", LabelJobID: labelValue(jobID), LabelAttempt: strconv.Itoa(attempt)})
 	var names []string
 	if cached, err := e.jobs.List(sel); err == nil {
 		for _, j := range cached {
-			if j.Annotations[AnnotationJobID] == jobID {
+			if j.Annotations[AnnotationJobID] == jobID && j.Annotations[AnnotationTenant] == tenant {
 				names = append(names, j.Name)
 			}
 		}
@@ -98,7 +98,7 @@ func (e *Executor) deleteJob(ctx context.Context, name string, secret bool) erro
 // Cleanup. A Job being deleted, or still running, is left alone, and so is
 // one whose record still says it runs: its worker, or the one that adopts
 // it, settles it.
-func (e *Executor) sweepPeers(ctx context.Context, workerID string, adoptable func(jobID string, attempt int) bool) (int, error) {
+func (e *Executor) sweepPeers(ctx context.Context, workerID string, adoptable func(tenant, jobID string, attempt int) bool) (int, error) {
 	ns := e.cfg.Namespace
 	others, err := labels.NewRequirement(LabelWorkerID, selection.NotEquals, []string{labelValue(workerID)})
 	if err != nil {
@@ -127,7 +127,7 @@ func (e *Executor) sweepPeers(ctx context.Context, workerID string, adoptable fu
 		j := &jobs.Items[i]
 		id := j.Annotations[AnnotationJobID]
 		n, _ := strconv.Atoi(j.Labels[LabelAttempt])
-		if j.DeletionTimestamp != nil || id == "" || n <= 0 || judge(j, newest(byJob[j.Name]), 0) == nil || adoptable(id, n) {
+		if j.DeletionTimestamp != nil || id == "" || n <= 0 || judge(j, newest(byJob[j.Name]), 0) == nil || adoptable(j.Annotations[AnnotationTenant], id, n) {
 			continue
 		}
 		if err := e.deleteJob(ctx, j.Name, true); err != nil {

@@ -119,7 +119,7 @@ func TestRecoverAdoptableSweepsPeers(t *testing.T) {
 	}
 	b := setup(t, nil, objects...)
 	var asked []string
-	err := b.exec.RecoverAdoptable(context.Background(), "worker-1", func(jobID string, attempt int) bool {
+	err := b.exec.RecoverAdoptable(context.Background(), "worker-1", func(_, jobID string, attempt int) bool {
 		asked = append(asked, jobID)
 		return jobID == "job-2" || jobID == "job-3"
 	})

@@ -173,7 +173,7 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		if err != nil || f.Standing != executor.Running {
 			t.Fatalf("Find: %+v, %v", f, err)
 		}
-		if err := other.RecoverAdoptable(ctx, "worker-1", func(string, int) bool { return true }); err != nil {
+		if err := other.RecoverAdoptable(ctx, "worker-1", func(string, string, int) bool { return true }); err != nil {
 			t.Errorf("RecoverAdoptable: %v", err)
 		}
 		long.WorkerID = "worker-2"
@@ -184,7 +184,7 @@ func TestKubeRBACIsExactlyWhatTheWorkerNeeds(t *testing.T) {
 		if err := other.Cleanup(ctx, long); err != nil {
 			t.Errorf("Cleanup of the adopted attempt: %v", err)
 		}
-		if err := e.RemoveData(ctx, "rbac-run"); err != nil {
+		if err := e.RemoveData(ctx, "", "rbac-run"); err != nil {
 			t.Errorf("RemoveData: %v", err)
 		}
 		// The test control plane serves no metrics API: the worker may ask,

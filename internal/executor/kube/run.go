@@ -82,7 +82,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (*executor.Outcome
 	dataPath := ""
 	if req.Persists() {
 		var err error
-		if dataPath, err = e.dataDir(t.JobID); err != nil {
+		if dataPath, err = e.dataDir(executor.TenantKey(t.Tenant), t.JobID); err != nil {
 			return nil, err
 		}
 	}

@@ -34,6 +34,9 @@ const (
 	LabelPool      = "fleet.dev/pool"
 
 	AnnotationJobID    = "fleet.dev/job-id"
+	// AnnotationTenant is the job's tenant, on Jobs and pods of other
+	// tenants' jobs than the default one's.
+	AnnotationTenant = "fleet.dev/tenant"
 	AnnotationWorkerID = "fleet.dev/worker-id"
 )
 
@@ -97,6 +100,9 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPa
 	labels[LabelAttempt] = strconv.Itoa(t.Attempt)
 	labels[LabelPool] = labelValue(t.Pool)
 	ids := map[string]string{AnnotationJobID: t.JobID, AnnotationWorkerID: t.WorkerID}
+	if tenant := executor.TenantKey(t.Tenant); tenant != "" {
+		ids[AnnotationTenant] = tenant
+	}
 	podAnnotations := make(map[string]string, len(c.PodAnnotations)+len(ids))
 	maps.Copy(podAnnotations, c.PodAnnotations)
 	maps.Copy(podAnnotations, ids)

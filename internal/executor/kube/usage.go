@@ -113,7 +113,7 @@ func (e *Executor) Usage(ctx context.Context) map[executor.AttemptID]*job.Usage 
 		}
 		lim := scale(a.req.Resources.MemoryBytes(), e.cfg.MemoryLimitRatio)
 		u.MemoryLimitBytes = &lim
-		out[executor.AttemptID{JobID: a.t.JobID, Attempt: a.t.Attempt}] = u
+		out[executor.AttemptID{Tenant: executor.TenantKey(a.t.Tenant), JobID: a.t.JobID, Attempt: a.t.Attempt}] = u
 	}
 	return out
 }

@@ -17,11 +17,11 @@ import (
 // host: an attempt that another worker runs starts with an empty one.
 
 // dataDir makes the job's data folder, if it has none yet, and returns it.
-func (e *Executor) dataDir(jobID string) (string, error) {
-	if !job.ValidID(jobID) {
+func (e *Executor) dataDir(tenant, jobID string) (string, error) {
+	if !job.ValidID(jobID) || (tenant != "" && !job.ValidTenant(tenant)) {
 		return "", fmt.Errorf("job id %q cannot name a data folder", jobID)
 	}
-	dir := filepath.Join(e.cfg.DataDir, jobID)
+	dir := filepath.Join(e.cfg.DataDir, filepath.FromSlash(executor.JobPath(tenant, jobID)))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("data directory: %w", err)
 	}
@@ -29,11 +29,11 @@ func (e *Executor) dataDir(jobID string) (string, error) {
 }
 
 // RemoveData implements executor.DataKeeper.
-func (e *Executor) RemoveData(ctx context.Context, jobID string) error {
-	if !job.ValidID(jobID) {
+func (e *Executor) RemoveData(ctx context.Context, tenant, jobID string) error {
+	if !job.ValidID(jobID) || (tenant != "" && !job.ValidTenant(tenant)) {
 		return nil
 	}
-	err := (&workspace.Dir{Root: filepath.Join(e.cfg.DataDir, jobID)}).Remove()
+	err := (&workspace.Dir{Root: filepath.Join(e.cfg.DataDir, filepath.FromSlash(executor.JobPath(tenant, jobID)))}).Remove()
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the data directory of %s: %w", jobID, err)
 	}
@@ -43,9 +43,25 @@ func (e *Executor) RemoveData(ctx context.Context, jobID string) error {
 // Data implements executor.DataKeeper: the folders of DataDir, each with
 // the time it last changed (a folder's creation time is not kept).
 func (e *Executor) Data(ctx context.Context) ([]executor.DataDir, error) {
-	entries, err := os.ReadDir(e.cfg.DataDir)
+	out, err := tenantDataDirs(e.cfg.DataDir, "")
 	if err != nil {
 		return nil, fmt.Errorf("data folder: %w", err)
+	}
+	tenants, _ := os.ReadDir(filepath.Join(e.cfg.DataDir, executor.TenantsDir))
+	for _, t := range tenants {
+		if t.IsDir() && job.ValidTenant(t.Name()) {
+			more, _ := tenantDataDirs(filepath.Join(e.cfg.DataDir, executor.TenantsDir, t.Name()), t.Name())
+			out = append(out, more...)
+		}
+	}
+	return out, nil
+}
+
+// tenantDataDirs lists the jobs' folders of one tenant's folder.
+func tenantDataDirs(dir, tenant string) ([]executor.DataDir, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
 	}
 	var out []executor.DataDir
 	for _, d := range entries {
@@ -56,7 +72,7 @@ func (e *Executor) Data(ctx context.Context) ([]executor.DataDir, error) {
 		if err != nil {
 			continue
 		}
-		out = append(out, executor.DataDir{JobID: d.Name(), Created: fi.ModTime()})
+		out = append(out, executor.DataDir{Tenant: tenant, JobID: d.Name(), Created: fi.ModTime()})
 	}
 	return out, nil
 }

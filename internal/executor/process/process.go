@@ -171,7 +171,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}
 	data := ""
 	if req.Persists() {
-		if data, err = e.dataDir(t.JobID); err != nil {
+		if data, err = e.dataDir(executor.TenantKey(t.Tenant), t.JobID); err != nil {
 			return nil, err
 		}
 	}
@@ -196,7 +196,7 @@ func (e *Executor) Run(ctx context.Context, t *executor.Task) (out *executor.Out
 	}
 	copied.started()
 	pgid := cmd.Process.Pid
-	key := executor.AttemptID{JobID: t.JobID, Attempt: t.Attempt}
+	key := executor.AttemptID{Tenant: executor.TenantKey(t.Tenant), JobID: t.JobID, Attempt: t.Attempt}
 	e.mu.Lock()
 	e.running[key] = proc{pgid: pgid, started: started}
 	e.mu.Unlock()

@@ -1,0 +1,274 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// Jobs keeps the records of jobs in their pools' streams (contract v2).
+//
+// A job's record has several versions, each a message of its pool's stream
+// FLEET_POOL_<pool> on one of the job's subjects, <prefix>.p.<pool>.<kind>.
+// <tenant>.<id>: the first, of kind q<priority>, queues the job with its
+// request, and is what the pool's workers are delivered; later ones are of
+// kind s, and the final one, with the job's result, of kind r. Every write
+// is a compare-and-set against the last message on any of the job's
+// subjects (Nats-Expected-Last-Subject-Sequence with
+// Nats-Expected-Last-Subject-Sequence-Subject), so the first version is the
+// job's idempotency gate, a cancel and a worker's start never overwrite
+// each other, and a job has one final version, one result. A version's
+// revision is its stream sequence.
+type Jobs struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	names Names
+}
+
+// NewJobs returns the job store of a connection.
+func NewJobs(js jetstream.JetStream, names Names) *Jobs {
+	return &Jobs{nc: js.Conn(), js: js, names: names}
+}
+
+// Key returns a record's place.
+func Key(r *job.Record) JobKey { return JobKey{Tenant: r.Tenant, Pool: r.Pool, ID: r.ID} }
+
+// kindOf is the subject kind of a record version.
+func kindOf(r *job.Record) string {
+	switch {
+	case r.State.Final():
+		return KindResult
+	case r.Request != nil && r.State == job.StateQueued:
+		return KindQueued(r.Priority)
+	}
+	return KindState
+}
+
+// Queue writes the version of a job's record that queues it, with the
+// request, if the job's last version is at revision rev (0: it has none):
+// ErrExists if it is not. hdr, which may be nil, goes with it (the trace
+// context). It returns the version's revision.
+func (j *Jobs) Queue(ctx context.Context, rec *job.Record, rev uint64, hdr nats.Header) (uint64, error) {
+	return j.write(ctx, rec, rev, ErrExists, hdr)
+}
+
+// Write stores a later version of a job's record if the job's last
+// version is still at revision rev (its stream sequence), and returns the
+// new revision; ErrConflict if it is not. A final record goes on the
+// job's result subject.
+func (j *Jobs) Write(ctx context.Context, rec *job.Record, rev uint64) (uint64, error) {
+	return j.write(ctx, rec, rev, ErrConflict, nil)
+}
+
+// Msg builds the message of a record version, with its compare-and-set
+// against revision rev.
+func (j *Jobs) Msg(rec *job.Record, rev uint64) (*nats.Msg, error) {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("encode record of job %s: %w", rec.ID, err)
+	}
+	k := Key(rec)
+	m := nats.NewMsg(j.names.PoolJob(k.Pool, kindOf(rec), k.Tenant, k.ID))
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
+	return m, nil
+}
+
+// write stores rec with compare-and-set against revision rev. A write
+// whose answer was lost (see Ambiguous) is sent again; if the second try
+// finds the record changed, the change may be the first try's own: the
+// last version is read back, and if it is exactly what was written, the
+// write succeeded.
+func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused error, hdr nats.Header) (uint64, error) {
+	m, err := j.Msg(rec, rev)
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	var newRev uint64
+	ambiguous := false
+	err = Retry(ctx, func(ctx context.Context) error {
+		ack, err := j.js.PublishMsg(ctx, m)
+		if err == nil {
+			newRev = ack.Sequence
+		}
+		ambiguous = ambiguous || Ambiguous(err)
+		return err
+	}, nil)
+	if IsWrongLastSequence(err) {
+		if ambiguous {
+			if data, seq, gerr := j.last(ctx, Key(rec)); gerr == nil && bytes.Equal(data, m.Data) {
+				return seq, nil
+			}
+		}
+		return 0, refused
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || IsNoStream(err) {
+		return 0, fmt.Errorf("write record of job %s: pool %s has no stream: %w", rec.ID, rec.Pool, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write record of job %s: %w", rec.ID, err)
+	}
+	return newRev, nil
+}
+
+// Latest returns the last version of a job's record and its revision, or
+// ErrNotFound.
+func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error) {
+	var data []byte
+	var seq uint64
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		data, seq, err = j.last(ctx, k)
+		return err
+	}, nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read job %s: %w", k.ID, err)
+	}
+	if data == nil {
+		return nil, 0, ErrNotFound
+	}
+	var rec job.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, 0, fmt.Errorf("decode record of job %s: %w", k.ID, err)
+	}
+	return &rec, seq, nil
+}
+
+// last reads the last message on any of a job's subjects with one direct
+// get; nil data when the job has none.
+func (j *Jobs) last(ctx context.Context, k JobKey) ([]byte, uint64, error) {
+	m, err := directLast(ctx, j.nc, j.names.PoolStreamV2(k.Pool), j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
+	if err != nil || m == nil {
+		return nil, 0, err
+	}
+	seq, _ := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	return m.Data, seq, nil
+}
+
+// History returns every version of a job's record still in its pool's
+// stream, oldest first, with their sequences.
+func (j *Jobs) History(ctx context.Context, k JobKey) ([]*job.Record, []uint64, error) {
+	s, err := j.js.Stream(ctx, j.names.PoolStreamV2(k.Pool))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{j.names.PoolJobAll(k.Pool, k.Tenant, k.ID)}})
+	if err != nil {
+		return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
+	}
+	// Each message says how many more the consumer has for it: the last
+	// says none.
+	var out []*job.Record
+	var seqs []uint64
+	for {
+		batch, err := c.FetchNoWait(64)
+		if err != nil {
+			return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var rec job.Record
+			if err := json.Unmarshal(m.Data(), &rec); err != nil {
+				return nil, nil, fmt.Errorf("decode record of job %s: %w", k.ID, err)
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
+			}
+			out, seqs = append(out, &rec), append(seqs, md.Sequence.Stream)
+			if md.NumPending == 0 {
+				return out, seqs, nil
+			}
+		}
+		if n == 0 {
+			return out, seqs, nil
+		}
+	}
+}
+
+// Find returns the last version of the record of the tenant's job id in
+// whichever of pools has it: ids are a tenant's within a pool, and a
+// request about a job names its tenant and id only. When several pools
+// have a job of that id, the most recently submitted wins.
+func (j *Jobs) Find(ctx context.Context, tenant, id string, pools []string) (*job.Record, uint64, error) {
+	type found struct {
+		rec *job.Record
+		rev uint64
+		err error
+	}
+	ch := make(chan found, len(pools))
+	for _, p := range pools {
+		go func() {
+			rec, rev, err := j.Latest(ctx, JobKey{Tenant: tenant, Pool: p, ID: id})
+			ch <- found{rec, rev, err}
+		}()
+	}
+	var best found
+	var firstErr error
+	for range pools {
+		f := <-ch
+		switch {
+		case errors.Is(f.err, ErrNotFound):
+		case f.err != nil:
+			firstErr = cmpErr(firstErr, f.err)
+		case best.rec == nil || f.rec.SubmittedAt.After(best.rec.SubmittedAt):
+			best = f
+		}
+	}
+	if best.rec != nil {
+		return best.rec, best.rev, nil
+	}
+	if firstErr != nil {
+		return nil, 0, firstErr
+	}
+	return nil, 0, ErrNotFound
+}
+
+// Pools lists the pools that have a stream of jobs (contract v2).
+func (j *Jobs) Pools(ctx context.Context) ([]string, error) {
+	names := j.js.StreamNames(ctx, jetstream.WithStreamListSubject(j.names.prefix()+".p.>"))
+	var pools []string
+	prefix := j.names.PoolStreamV2("")
+	for n := range names.Name() {
+		if p, ok := cutPrefix(n, prefix); ok && p != "" {
+			pools = append(pools, p)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return pools, fmt.Errorf("list pools: %w", err)
+	}
+	return pools, nil
+}
+
+func cutPrefix(s, p string) (string, bool) {
+	if len(s) < len(p) || s[:len(p)] != p {
+		return "", false
+	}
+	return s[len(p):], true
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// IsNoStream reports a publish that no stream captured.
+func IsNoStream(err error) bool { return errors.Is(err, jetstream.ErrNoStreamResponse) }
