@@ -67,6 +67,9 @@ type HistoryReply struct {
 	// live copies carry in their Nats-Sequence header: a follower that
 	// listens first and reads the history second drops what it heard twice.
 	Seqs []uint64 `json:"seqs"`
+	// Notices are the job's heartbeat and log events the events stream
+	// still holds, oldest first.
+	Notices []*Event `json:"notices,omitempty"`
 }
 
 // NewStatusReply joins a job's record with its result. A worker publishes the

@@ -99,6 +99,10 @@ type Record struct {
 	Secrets string `json:"secrets,omitempty"`
 	// Result is the job's one result, in its final version only (v2).
 	Result *Result `json:"result,omitempty"`
+	// DeadLettered is set on the final version of a job that failed or
+	// timed out: its request was copied to its pool's dead letters first
+	// (v2).
+	DeadLettered bool `json:"dead_lettered,omitempty"`
 }
 
 // Version returns the record without what only its first or final
@@ -110,6 +114,19 @@ func (r *Record) Version() *Record {
 	c.History = append([]Attempt(nil), r.History...)
 	c.Phase, c.Message = "", ""
 	return &c
+}
+
+// EventsOf is the lifecycle events a record version stands for: its
+// event, after a dead_lettered one for a final version that says the job
+// was dead-lettered (the final event is always a job's last).
+func EventsOf(r *Record) []*Event {
+	e := EventOf(r)
+	if !r.DeadLettered {
+		return []*Event{e}
+	}
+	dl := *e
+	dl.Type, dl.ExitCode = EventDeadLettered, nil
+	return []*Event{&dl, e}
 }
 
 // EventOf is the lifecycle event a record version stands for (schema

@@ -174,17 +174,20 @@ func (b *bridge) apply(ctx context.Context, m jetstream.Msg) error {
 	if rec.Event == "" {
 		return nil
 	}
-	e := job.EventOf(&rec)
-	e.Tenant = ""
-	ev, err := d.names.EventMsg(e, 0)
-	if err != nil {
-		return err
+	for i, e := range job.EventsOf(&rec) {
+		e.Tenant = ""
+		ev, err := d.names.EventMsg(e, 0)
+		if err != nil {
+			return err
+		}
+		// The version's sequence makes the event's id: the same version
+		// bridged twice is one event.
+		ev.Header.Set(queue.HeaderMsgID, rec.ID+"/v2/"+strconv.FormatUint(seq, 10)+"/"+strconv.Itoa(i))
+		if _, err := queue.Publish(ctx, d.js, ev); err != nil {
+			return err
+		}
 	}
-	// The version's sequence makes the event's id: the same version
-	// bridged twice is one event.
-	ev.Header.Set(queue.HeaderMsgID, rec.ID+"/v2/"+strconv.FormatUint(seq, 10))
-	_, err = queue.Publish(ctx, d.js, ev)
-	return err
+	return nil
 }
 
 // record writes the v1 record of a version, unless a later version was

@@ -66,9 +66,10 @@ func TestSubmitEveryWayReachesAResultWithOutputs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	// 1. A NATS request on the submit subject gets the job id back.
+	// 1. A NATS request on the tenant's submit subject gets the job id
+	// back, once the job is queued.
 	body, _ := json.Marshal(greeting("via-request"))
-	m, err := nc.RequestWithContext(ctx, "fleet.submit", body)
+	m, err := nc.RequestWithContext(ctx, "fleet.t.default.submit", body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,17 +81,18 @@ func TestSubmitEveryWayReachesAResultWithOutputs(t *testing.T) {
 		t.Fatalf("reply %s (%v)", m.Data, err)
 	}
 
-	// 2. A plain publish, no reply wanted.
+	// 2. A plain publish on the intake subject, no answer wanted: the
+	// intake stream keeps it until a dispatcher takes it.
 	body, _ = json.Marshal(greeting("via-publish"))
-	if err := nc.Publish("fleet.submit", body); err != nil {
+	if err := nc.Publish("fleet.t.default.intake", body); err != nil {
 		t.Fatal(err)
 	}
 
-	// 3. A JetStream publish: the answer is a valid publish acknowledgement.
+	// 3. A JetStream publish on the intake subject: acknowledged once kept.
 	js, _ := jetstream.New(nc)
 	body, _ = json.Marshal(greeting("via-jetstream"))
-	ack, err := js.Publish(ctx, "fleet.submit", body)
-	if err != nil || ack.Stream != "FLEET_SUBMIT" {
+	ack, err := js.Publish(ctx, "fleet.t.default.intake", body)
+	if err != nil || ack.Stream != "FLEET_INTAKE" {
 		t.Fatalf("js.Publish: %+v, %v", ack, err)
 	}
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -271,9 +270,7 @@ func (d *delivery) finish(ctx context.Context, res *job.Result) (dead bool, err 
 		if res.Failure != nil {
 			rec.Message = res.Failure.Message
 		}
-		if dead {
-			rec.Message = strings.TrimPrefix(rec.Message+"; request copied to "+w.names.DLQV2(d.key.Pool, d.key.Tenant, d.id), "; ")
-		}
+		rec.DeadLettered = dead
 	}, dlq)
 	endResult(err)
 	if err != nil {
