@@ -1,10 +1,12 @@
 package capacity
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -27,6 +29,11 @@ type Config struct {
 	// SentinelPassword authenticates to the Sentinels, when they require
 	// one (their requirepass); the URL's password is the servers'.
 	SentinelPassword string
+	// ProbeFirst and ProbeMax pace the probes of the Store's Breaker while
+	// Redis is away. Default to DefaultProbeFirst and DefaultProbeMax.
+	ProbeFirst, ProbeMax time.Duration
+	// Logger receives the Breaker's debug lines. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // TLS names the files of a TLS connection to Redis: a CA bundle to trust
@@ -56,7 +63,9 @@ const (
 // Sentinels. With TLS, the servers' certificates are checked against the
 // name or address each is dialled at, for Sentinels, masters, replicas and
 // Cluster nodes alike. Open does not wait for Redis to answer: callers work
-// on while it is away. Its errors never show the URL's password.
+// on while it is away, and once a call has found it away, the Store's
+// Breaker fails the next ones at once until a probe gets an answer. Its
+// errors never show the URL's password.
 func Open(url string, cfg Config) (*Store, error) {
 	rdb, err := newClient(url, cfg)
 	if err != nil {
@@ -65,14 +74,41 @@ func Open(url string, cfg Config) (*Store, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "fleet"
 	}
-	return &Store{rdb: rdb, prefix: cfg.Prefix}, nil
+	s := &Store{rdb: rdb, prefix: cfg.Prefix}
+	s.breaker = newBreaker(probeOf(rdb), cfg.ProbeFirst, cfg.ProbeMax, cfg.Logger)
+	rdb.AddHook(breakerHook{s.breaker})
+	s.gauge = s.breaker.observeUp()
+	return s, nil
+}
+
+// probeOf is how a Breaker asks whether Redis answers again: a PING, or on
+// a Cluster, CLUSTER INFO on every master, which must say the cluster is
+// ok (a Cluster that lost a master without a replica refuses commands).
+func probeOf(rdb redis.UniversalClient) func(context.Context) error {
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		return func(ctx context.Context) error {
+			return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+				info, err := n.ClusterInfo(ctx).Result()
+				if err != nil {
+					return fmt.Errorf("cluster node %s: %w", n.Options().Addr, err)
+				}
+				if !strings.Contains(info, "cluster_state:ok") {
+					return fmt.Errorf("cluster node %s: the cluster is not ok", n.Options().Addr)
+				}
+				return nil
+			})
+		}
+	}
+	return func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
 }
 
 // Timeouts of every Redis call: a worker goes on by local accounting
-// rather than wait for Redis.
+// rather than wait for Redis. A dial is tried once: the Breaker, not the
+// client, tries again, in the background.
 const (
 	dialTimeout = 2 * time.Second
 	ioTimeout   = 2 * time.Second
+	dialTries   = 1
 )
 
 func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
@@ -107,7 +143,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
 			return nil, err
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = dialTimeout, ioTimeout, ioTimeout
-		opts.MaxRetries = 1
+		opts.MaxRetries, opts.DialerRetries = 1, dialTries
 		return redis.NewClient(opts), nil
 	case "sentinel":
 		u, err := parseMulti(rawURL, sentinelPort)
@@ -131,7 +167,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: master, SentinelAddrs: u.addrs, SentinelPassword: cfg.SentinelPassword,
 			Username: u.user, Password: pw, DB: db, TLSConfig: tc,
-			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1,
+			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
 		}), nil
 	case "cluster":
 		u, err := parseMulti(rawURL, serverPort)
@@ -147,7 +183,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
 		}
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: u.addrs, Username: u.user, Password: pw, TLSConfig: tc,
-			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1,
+			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
 		}), nil
 	}
 	return nil, fmt.Errorf("redis url: scheme %q: use redis://, rediss://, redis+sentinel:// or redis+cluster:// "+
