@@ -307,3 +307,15 @@ func (b *Breaker) observeUp() metric.Registration {
 	}
 	return reg
 }
+
+// WaitHistogram is fleet.capacity.redis.wait: how long a job waited on
+// Redis for its capacity, once per call, by operation (op: reserve, holds
+// and peers on the worker; admit on the dispatcher). While Redis is away it
+// records zeros: nothing waits for it.
+func WaitHistogram() metric.Float64Histogram {
+	h, _ := telemetry.Meter().Float64Histogram("fleet.capacity.redis.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time a job waited on Redis for its capacity (a lease, whether another worker holds it, "+
+			"the pool's images, admission), by operation"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5))
+	return h
+}

@@ -135,21 +135,11 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 	calls, _ := telemetry.Meter().Int64Counter("fleet.capacity.redis.calls",
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
 	return &Ledger{
-		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls, wait: WaitHistogram(),
+		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls, wait: capacity.WaitHistogram(),
 		leases: map[key]capacity.Lease{},
 		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
 		wake:   make(chan struct{}, 1),
 	}
-}
-
-// WaitHistogram is fleet.capacity.redis.wait: how long an attempt waited on
-// Redis, by operation (op: reserve, holds, peers), once per call. While
-// Redis is away it records zeros: nothing waits.
-func WaitHistogram() metric.Float64Histogram {
-	h, _ := telemetry.Meter().Float64Histogram("fleet.capacity.redis.wait", metric.WithUnit("s"),
-		metric.WithDescription("Time a job waited on Redis for its capacity (a lease, whether another worker holds it, the pool's images), by operation"),
-		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5))
-	return h
 }
 
 var (
