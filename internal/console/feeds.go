@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -25,6 +26,8 @@ type workers struct {
 	every time.Duration
 	log   *slog.Logger
 
+	refreshing sync.Mutex // one read at a time: the loop's, or the one when Redis returns
+
 	mu      sync.RWMutex
 	live    []*job.Heartbeat
 	pools   []job.PoolCapacity
@@ -34,25 +37,27 @@ type workers struct {
 	version uint64
 }
 
+// run reads the workers now and then every interval. While Redis is away
+// the Store's Breaker fails each read at once: the console shows what it
+// read last, with the error, and logs the outage once; as soon as Redis
+// answers again it reads them without waiting for the next round.
 func (w *workers) run(ctx context.Context) {
 	if w.caps == nil {
 		return
 	}
-	t := time.NewTicker(w.every)
-	defer t.Stop()
-	n := 0
-	for {
+	w.refresh(ctx, true)
+	n := 1
+	stopUp := w.caps.Breaker().OnUp(func() { w.refresh(ctx, true) })
+	defer stopUp()
+	lifecycle.Tick(ctx, w.every, func(ctx context.Context) {
 		w.refresh(ctx, n%4 == 0) // the lost workers change rarely: every fourth round
 		n++
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 func (w *workers) refresh(ctx context.Context, withLost bool) {
+	w.refreshing.Lock()
+	defer w.refreshing.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	hbs, err := w.caps.Workers(ctx, "")
@@ -64,10 +69,13 @@ func (w *workers) refresh(ctx context.Context, withLost bool) {
 	defer w.mu.Unlock()
 	if err != nil {
 		if w.err == nil {
-			w.log.Warn("console cannot read the workers", "err", err)
+			w.log.Warn("console cannot read the workers; it shows the last it read until Redis answers", "err", err)
 		}
 		w.err = err
 		return
+	}
+	if w.err != nil {
+		w.log.Info("console reads the workers again")
 	}
 	w.err, w.live, w.pools, w.read = nil, hbs, monitor.Summarize(hbs), time.Now()
 	if withLost {
