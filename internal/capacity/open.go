@@ -124,6 +124,12 @@ const (
 	dialTimeout = 2 * time.Second
 	ioTimeout   = 2 * time.Second
 	dialTries   = 1
+	// A command is tried again (once; on a Cluster, up to three times,
+	// following redirects) this long after a failure, randomized: a
+	// stale pooled connection or a Cluster moving a slot, not an outage,
+	// which the Breaker deals with.
+	minRetryBackoff = 2 * time.Millisecond
+	maxRetryBackoff = 16 * time.Millisecond
 )
 
 // newClient returns the client of rawURL and the probe of its Breaker.
@@ -160,6 +166,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, func(context.C
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = dialTimeout, ioTimeout, ioTimeout
 		opts.MaxRetries, opts.DialerRetries, opts.ContextTimeoutEnabled = 1, dialTries, true
+		opts.MinRetryBackoff, opts.MaxRetryBackoff = minRetryBackoff, maxRetryBackoff
 		po := *opts
 		po.PoolSize, po.MaxRetries = 1, -1
 		return redis.NewClient(opts), pingProbe(func() *redis.Client { return redis.NewClient(&po) }), nil
@@ -186,7 +193,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, func(context.C
 			MasterName: master, SentinelAddrs: u.addrs, SentinelPassword: cfg.SentinelPassword,
 			Username: u.user, Password: pw, DB: db, TLSConfig: tc,
 			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
-			ContextTimeoutEnabled: true,
+			MinRetryBackoff: minRetryBackoff, MaxRetryBackoff: maxRetryBackoff, ContextTimeoutEnabled: true,
 		}
 		po := opts
 		po.PoolSize, po.MaxRetries = 1, -1
@@ -206,7 +213,7 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, func(context.C
 		c := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: u.addrs, Username: u.user, Password: pw, TLSConfig: tc,
 			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
-			ContextTimeoutEnabled: true,
+			MinRetryBackoff: minRetryBackoff, MaxRetryBackoff: maxRetryBackoff, ContextTimeoutEnabled: true,
 		})
 		return c, clusterProbe(c), nil
 	}

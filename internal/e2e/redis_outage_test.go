@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -24,6 +25,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -442,4 +444,113 @@ func TestWorkerKilledDuringRedisOutage(t *testing.T) {
 			t.Errorf("%s ran again %s after the kill, more than its ack wait %s and 3 s", id, again, ackWait)
 		}
 	}
+}
+
+// haOutage runs the load on in-process workers of a fleet on caps, before
+// and after kill takes the part of Redis that holds the first worker's
+// keys away for good (no replica to promote): side by side, the second
+// row keeps the first's throughput and p99. Then restore brings it back,
+// while jobs run: within one lease TTL of Redis answering again, it holds
+// the leases of what each worker runs.
+func haOutage(t *testing.T, caps *capacity.Store, kill, restore func()) {
+	t.Helper()
+	const slots = 3
+	f := haFleet(t, caps)
+	workers := map[string]*worker.Worker{}
+	for _, id := range []string{"lone-1", "lone-2"} {
+		workers[id] = haWorker(t, f, caps, id, "default", slots)
+	}
+	waitFor(t, "both workers in Redis", 5*time.Second, func() bool {
+		hbs, err := caps.Workers(context.Background(), "default")
+		return err == nil && len(hbs) == 2
+	})
+	of := &outageFleet{nc: f.NC, cl: f.Client}
+	const n, rate = 150, 20 // on 6 slots, which hold 30/s
+	before := of.load(t, "Redis whole", n, rate, 0, nil)
+	during := of.load(t, "Redis part gone 1 s in", n, rate, time.Second, kill)
+	t.Logf("\n| run                          | jobs/s | p50      | p99      | every job once         |\n"+
+		"| ---------------------------- | ------ | -------- | -------- | ---------------------- |\n%s\n%s", before, during)
+	if caps.Up() {
+		t.Fatal("the test's own store never found Redis away: the test proves nothing")
+	}
+	if during.jobsPerSecond < 0.95*before.jobsPerSecond || during.p99 > before.p99+250*time.Millisecond {
+		t.Errorf("with part of Redis gone: %.1f jobs/s, p99 %s; before: %.1f jobs/s, p99 %s",
+			during.jobsPerSecond, during.p99, before.jobsPerSecond, before.p99)
+	}
+
+	var ids []string
+	for i := range 4 {
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("across-%d", i), Command: []string{"sleep", "5"}}))
+	}
+	waitFor(t, "the long jobs to run", 5*time.Second, func() bool {
+		return workers["lone-1"].Running()+workers["lone-2"].Running() == len(ids)
+	})
+	restore()
+	// A Cluster answers again once its nodes count the returned one in
+	// (about its node timeout, 2 s here); the test's store notices as the
+	// workers' do.
+	waitFor(t, "Redis to answer again", 20*time.Second, caps.Up)
+	back := time.Now()
+	waitFor(t, "the leases to match what runs", haLeaseTTL, func() bool {
+		for id, w := range workers {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			u, err := caps.Usage(ctx, id)
+			leases, lerr := caps.Leases(ctx, id)
+			cancel()
+			if err != nil || lerr != nil || u.Slots != slots || u.SlotsUsed != len(leases) || len(leases) != w.Running() {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("leases matched what runs %s after the return (lease TTL %s)", time.Since(back).Round(time.Millisecond), haLeaseTTL)
+	for _, id := range ids {
+		if r := f.Await(t, id, 30*time.Second); r.Status != job.StatusSucceeded {
+			t.Errorf("%s: %s", id, r.Status)
+		}
+	}
+}
+
+// A Cluster master without a replica dies for good: the cluster refuses
+// commands once it counts it failed, and the fleet goes on at full speed.
+func TestRedisClusterShardLossCostsNothing(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	caps := openCapacity(t, cl.URL())
+	var dead *redistest.Server
+	haOutage(t, caps, func() {
+		raw := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{cl.Nodes[0].Addr()}})
+		defer raw.Close()
+		m, err := raw.MasterForKey(context.Background(), "fleet:{w:lone-1}:hb")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, s := range cl.Nodes {
+			if s.Addr() == m.Options().Addr {
+				dead = s
+			}
+		}
+		dead.Stop()
+	}, func() { dead.Start() })
+}
+
+// The master of a Sentinel setup dies after its replica: no Sentinel can
+// promote one, and the fleet goes on at full speed.
+func TestRedisSentinelMasterLossWithoutReplicaCostsNothing(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	caps := openCapacity(t, st.URL())
+	var master *redistest.Server
+	haOutage(t, caps, func() {
+		var err error
+		if master, err = st.Master(context.Background()); err != nil {
+			t.Error(err)
+			return
+		}
+		for _, s := range st.Servers {
+			if s != master {
+				s.Stop()
+			}
+		}
+		master.Stop()
+	}, func() { master.Start() })
 }
