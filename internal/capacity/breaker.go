@@ -49,15 +49,14 @@ type Breaker struct {
 	first, max time.Duration
 	log        *slog.Logger
 
-	mu      sync.Mutex
-	open    bool
-	since   time.Time
-	cause   error
-	ups     map[int]func()
-	nextUp  int
-	prober  *lifecycle.Runner
-	closed  bool
-	changes chan struct{} // closed and replaced at every change
+	mu     sync.Mutex
+	open   bool
+	since  time.Time
+	cause  error
+	ups    map[int]func()
+	nextUp int
+	prober *lifecycle.Runner
+	closed bool
 }
 
 // newBreaker returns a closed breaker whose probe is probe, first probing
@@ -70,7 +69,7 @@ func newBreaker(probe func(context.Context) error, first, most time.Duration, lo
 	first = cmp.Or(first, DefaultProbeFirst)
 	most = max(cmp.Or(most, DefaultProbeMax), first)
 	return &Breaker{probe: probe, first: first, max: most, log: log.With("component", "capacity"),
-		ups: map[int]func(){}, changes: make(chan struct{})}
+		ups: map[int]func(){}}
 }
 
 // Up reports whether the breaker is closed: calls go to Redis.
@@ -89,14 +88,6 @@ func (b *Breaker) Down() (since time.Time, cause error) {
 		return time.Time{}, nil
 	}
 	return b.since, b.cause
-}
-
-// Changed returns a channel closed at the breaker's next change (open or
-// closed).
-func (b *Breaker) Changed() <-chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.changes
 }
 
 // OnUp adds fn, called (in the probe's goroutine) each time the breaker
@@ -137,16 +128,10 @@ func (b *Breaker) observe(ctx context.Context, err error) {
 		return
 	}
 	b.open, b.since, b.cause = true, time.Now(), err
-	b.changedLocked()
 	b.log.Debug("Redis is unreachable: calls to it fail at once until a probe gets an answer", "err", err)
 	r := &lifecycle.Runner{}
 	b.prober = r
 	_ = r.Go(context.Background(), b.probeUntilUp)
-}
-
-func (b *Breaker) changedLocked() {
-	close(b.changes)
-	b.changes = make(chan struct{})
 }
 
 // probeUntilUp probes Redis with backoff until it answers or ctx ends, and
@@ -168,7 +153,6 @@ func (b *Breaker) probeUntilUp(ctx context.Context) error {
 	b.mu.Lock()
 	since := b.since
 	b.open, b.cause, b.prober = false, nil, nil
-	b.changedLocked()
 	ups := make([]func(), 0, len(b.ups))
 	for _, fn := range b.ups {
 		ups = append(ups, fn)
