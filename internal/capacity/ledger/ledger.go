@@ -148,6 +148,12 @@ var (
 	opPeers   = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "peers")))
 )
 
+// CallTimeout bounds a lease batch and a heartbeat. Redis answers either
+// in well under a millisecond; one that does not answer in time counts as
+// away (the Store's Breaker opens), which costs the reservations waiting
+// on that call this long, once: a Redis that hangs rather than refuses.
+const CallTimeout = 500 * time.Millisecond
+
 // ttl is how long the heartbeat lives: three intervals.
 func (r *Ledger) ttl() time.Duration { return 3 * r.cfg.Interval }
 
@@ -381,7 +387,7 @@ func (r *Ledger) flush(ctx context.Context) {
 	var replies []string
 	var err error
 	if !outage {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 		replies, err = r.s.ApplyLeases(cctx, r.cfg.WorkerID, r.leaseTTL(), batch)
 		cancel()
 		r.calls.Add(ctx, 1)
@@ -518,7 +524,7 @@ func (r *Ledger) heartbeat(ctx context.Context) {
 	if !r.s.Up() {
 		return // the outage is noted; the heartbeat after it comes at once
 	}
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	r.calls.Add(ctx, 1)
 	if err := r.s.Beat(cctx, b); err != nil {

@@ -99,3 +99,29 @@ func TestLedgerCountsAtFullSpeedWhileRedisIsAway(t *testing.T) {
 	}
 	waitLeases(t, s, "w1", "[b]")
 }
+
+// A Redis that hangs (SIGSTOP) rather than refuses costs the reservations
+// waiting on the call under way one CallTimeout, once; then they take no
+// longer than with Redis up.
+func TestLedgerHungRedisCostsOneTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, srv.URL())
+	ctx := context.Background()
+	r := New(s, Config{WorkerID: "w1", Pool: "p", Backend: "process", Slots: 2, Interval: 20 * time.Millisecond})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	up := cycles(t, r, "up", 100)
+	srv.Freeze()
+	defer srv.Thaw()
+	hung := cycles(t, r, "hung", 300)
+	slowest := slices.Max(hung)
+	t.Logf("reservation p99 with Redis up %s; with Redis hung: slowest %s, p99 %s", p99(up), slowest, p99(hung))
+	if slowest > CallTimeout+200*time.Millisecond {
+		t.Errorf("with Redis hung a reservation waited %s, more than one call's timeout (%s)", slowest, CallTimeout)
+	}
+	if p99(hung) > p99(up) {
+		t.Errorf("with Redis hung, reservations take %s at p99, more than with Redis up (%s)", p99(hung), p99(up))
+	}
+}
