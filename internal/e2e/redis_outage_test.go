@@ -130,7 +130,8 @@ func (r loadRow) String() string {
 }
 
 // load publishes n jobs of `sleep 0.2` at rate per second, as fleetctl
-// bench does, calls at (if set) after atAfter, and waits for every result:
+// bench does, calls at (if set) after atAfter (shorter than the run), and
+// waits for at and for every result:
 // each must come once, from a job that succeeded in one attempt.
 func (f *outageFleet) load(t *testing.T, name string, n, rate int, atAfter time.Duration, at func()) loadRow {
 	t.Helper()
@@ -175,9 +176,9 @@ func (f *outageFleet) load(t *testing.T, name string, n, rate int, atAfter time.
 		t.Fatal(err)
 	}
 	begin := time.Now()
+	atDone := make(chan struct{})
 	if at != nil {
-		timer := time.AfterFunc(atAfter, at)
-		defer timer.Stop()
+		time.AfterFunc(atAfter, func() { at(); close(atDone) })
 	}
 	for i := 0; i < n; i++ {
 		if d := time.Until(begin.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
@@ -197,6 +198,9 @@ func (f *outageFleet) load(t *testing.T, name string, n, rate int, atAfter time.
 	select {
 	case <-all:
 	case <-time.After(60 * time.Second):
+	}
+	if at != nil {
+		<-atDone // what at did happened before what follows
 	}
 	mu.Lock()
 	defer mu.Unlock()
