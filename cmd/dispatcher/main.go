@@ -177,13 +177,16 @@ func run(args []string) error {
 		// and the reaper report an outage themselves (set here, not by the
 		// package).
 		redis.SetLogger(capacity.LibraryLogger(log))
-		if caps, err = f.redis.Open(f.prefix); err != nil {
+		if caps, err = f.redis.Open(f.prefix, log); err != nil {
 			return err
 		}
 		_ = running.Start(ctx, "the Redis connection", lifecycle.Closer(caps.Close))
 		if admission, err = monitor.NewAdmission(caps, f.admission, log); err != nil {
 			return err
 		}
+		// Workers seen before an outage count for three of their
+		// heartbeats after it, while they report again.
+		admission.Settle = 3 * f.heartbeat
 		if err := running.Start(ctx, "admission", admission); err != nil {
 			return err
 		}

@@ -244,7 +244,7 @@ func run(args []string) error {
 		// go-redis' global logger: its lines go to debug, since the ledger
 		// reports an outage once itself (set here, not by the package).
 		redis.SetLogger(capacity.LibraryLogger(log))
-		caps, err := f.redis.Open(f.prefix)
+		caps, err := f.redis.Open(f.prefix, log)
 		if err != nil {
 			return err
 		}

@@ -1,10 +1,12 @@
 package capacity
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -27,6 +29,11 @@ type Config struct {
 	// SentinelPassword authenticates to the Sentinels, when they require
 	// one (their requirepass); the URL's password is the servers'.
 	SentinelPassword string
+	// ProbeFirst and ProbeMax pace the probes of the Store's Breaker while
+	// Redis is away. Default to DefaultProbeFirst and DefaultProbeMax.
+	ProbeFirst, ProbeMax time.Duration
+	// Logger receives the Breaker's debug lines. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // TLS names the files of a TLS connection to Redis: a CA bundle to trust
@@ -56,33 +63,84 @@ const (
 // Sentinels. With TLS, the servers' certificates are checked against the
 // name or address each is dialled at, for Sentinels, masters, replicas and
 // Cluster nodes alike. Open does not wait for Redis to answer: callers work
-// on while it is away. Its errors never show the URL's password.
+// on while it is away, and once a call has found it away, the Store's
+// Breaker fails the next ones at once until a probe gets an answer. Its
+// errors never show the URL's password.
 func Open(url string, cfg Config) (*Store, error) {
-	rdb, err := newClient(url, cfg)
+	rdb, probe, err := newClient(url, cfg)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "fleet"
 	}
-	return &Store{rdb: rdb, prefix: cfg.Prefix}, nil
+	s := &Store{rdb: rdb, prefix: cfg.Prefix}
+	s.breaker = newBreaker(probe, cfg.ProbeFirst, cfg.ProbeMax, cfg.Logger)
+	rdb.AddHook(breakerHook{s.breaker})
+	s.gauge = s.breaker.observeUp()
+	return s, nil
 }
 
-// Timeouts of every Redis call: a worker goes on by local accounting
-// rather than wait for Redis.
+// How a Breaker asks whether Redis answers again. A probe dials on a
+// client of its own, closed after it: the client's pool counts failed
+// dials, and once it has counted as many as it holds connections it stops
+// dialling and tries again only every second, which would delay noticing
+// that Redis is back. A Cluster is probed through its nodes' clients:
+// CLUSTER INFO on every master, which must say that the cluster is ok (a
+// Cluster that lost a master without a replica refuses commands).
+
+// pingProbe pings on a client that newProbeClient makes.
+func pingProbe[C interface {
+	Ping(context.Context) *redis.StatusCmd
+	Close() error
+}](newProbeClient func() C) func(context.Context) error {
+	return func(ctx context.Context) error {
+		c := newProbeClient()
+		defer c.Close()
+		return c.Ping(ctx).Err()
+	}
+}
+
+func clusterProbe(c *redis.ClusterClient) func(context.Context) error {
+	return func(ctx context.Context) error {
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err != nil {
+				return fmt.Errorf("cluster node %s: %w", n.Options().Addr, err)
+			}
+			if !strings.Contains(info, "cluster_state:ok") {
+				return fmt.Errorf("cluster node %s: the cluster is not ok", n.Options().Addr)
+			}
+			return nil
+		})
+	}
+}
+
+// Timeouts of every Redis call, and the bound of a call whose context has
+// no earlier deadline (the client heeds contexts' deadlines): a worker goes
+// on by local accounting rather than wait for Redis. A dial is tried once:
+// the Breaker, not the client, tries again, in the background.
 const (
 	dialTimeout = 2 * time.Second
 	ioTimeout   = 2 * time.Second
+	dialTries   = 1
+	// A command is tried again (once; on a Cluster, up to three times,
+	// following redirects) this long after a failure, randomized: a
+	// stale pooled connection or a Cluster moving a slot, not an outage,
+	// which the Breaker deals with.
+	minRetryBackoff = 2 * time.Millisecond
+	maxRetryBackoff = 16 * time.Millisecond
 )
 
-func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
+// newClient returns the client of rawURL and the probe of its Breaker.
+func newClient(rawURL string, cfg Config) (redis.UniversalClient, func(context.Context) error, error) {
 	scheme, _, ok := strings.Cut(rawURL, "://")
 	if !ok {
-		return nil, errors.New("redis url: not a URL: use redis://, rediss://, redis+sentinel:// or redis+cluster://")
+		return nil, nil, errors.New("redis url: not a URL: use redis://, rediss://, redis+sentinel:// or redis+cluster://")
 	}
 	base, kind, _ := strings.Cut(strings.ToLower(scheme), "+")
 	if base != "redis" && base != "rediss" {
-		return nil, fmt.Errorf("redis url: scheme %q: use redis://, rediss://, redis+sentinel:// or redis+cluster:// "+
+		return nil, nil, fmt.Errorf("redis url: scheme %q: use redis://, rediss://, redis+sentinel:// or redis+cluster:// "+
 			"(or their rediss forms)", redactScheme(scheme))
 	}
 	useTLS := base == "rediss"
@@ -90,67 +148,76 @@ func newClient(rawURL string, cfg Config) (redis.UniversalClient, error) {
 	if useTLS {
 		tc = &tls.Config{MinVersion: tls.VersionTLS12} // the name checked is the one dialled
 		if err := cfg.TLS.apply(tc); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	switch kind {
 	case "":
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, fmt.Errorf("redis url: %w", redactErr(err, rawURL))
+			return nil, nil, fmt.Errorf("redis url: %w", redactErr(err, rawURL))
 		}
 		if useTLS {
 			tc.ServerName = opts.TLSConfig.ServerName
 			opts.TLSConfig = tc
 		}
 		if opts.Password, err = password(opts.Password, cfg.Password); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = dialTimeout, ioTimeout, ioTimeout
-		opts.MaxRetries = 1
-		return redis.NewClient(opts), nil
+		opts.MaxRetries, opts.DialerRetries, opts.ContextTimeoutEnabled = 1, dialTries, true
+		opts.MinRetryBackoff, opts.MaxRetryBackoff = minRetryBackoff, maxRetryBackoff
+		po := *opts
+		po.PoolSize, po.MaxRetries = 1, -1
+		return redis.NewClient(opts), pingProbe(func() *redis.Client { return redis.NewClient(&po) }), nil
 	case "sentinel":
 		u, err := parseMulti(rawURL, sentinelPort)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		master, dbText, _ := strings.Cut(strings.Trim(u.path, "/"), "/")
 		if master == "" {
-			return nil, errors.New("redis url: a Sentinel URL names its master after the addresses: redis+sentinel://host:26379,host2:26379/mymaster[/db]")
+			return nil, nil, errors.New("redis url: a Sentinel URL names its master after the addresses: redis+sentinel://host:26379,host2:26379/mymaster[/db]")
 		}
 		db := 0
 		if dbText != "" {
 			if db, err = strconv.Atoi(dbText); err != nil || db < 0 {
-				return nil, errors.New("redis url: the database after the master's name is not a number")
+				return nil, nil, errors.New("redis url: the database after the master's name is not a number")
 			}
 		}
 		pw, err := password(u.password, cfg.Password)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return redis.NewFailoverClient(&redis.FailoverOptions{
+		opts := redis.FailoverOptions{
 			MasterName: master, SentinelAddrs: u.addrs, SentinelPassword: cfg.SentinelPassword,
 			Username: u.user, Password: pw, DB: db, TLSConfig: tc,
-			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1,
-		}), nil
+			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
+			MinRetryBackoff: minRetryBackoff, MaxRetryBackoff: maxRetryBackoff, ContextTimeoutEnabled: true,
+		}
+		po := opts
+		po.PoolSize, po.MaxRetries = 1, -1
+		return redis.NewFailoverClient(&opts), pingProbe(func() *redis.Client { return redis.NewFailoverClient(&po) }), nil
 	case "cluster":
 		u, err := parseMulti(rawURL, serverPort)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if p := strings.Trim(u.path, "/"); p != "" && p != "0" {
-			return nil, errors.New("redis url: a Redis Cluster has only database 0")
+			return nil, nil, errors.New("redis url: a Redis Cluster has only database 0")
 		}
 		pw, err := password(u.password, cfg.Password)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		c := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: u.addrs, Username: u.user, Password: pw, TLSConfig: tc,
-			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1,
-		}), nil
+			DialTimeout: dialTimeout, ReadTimeout: ioTimeout, WriteTimeout: ioTimeout, MaxRetries: 1, DialerRetries: dialTries,
+			MinRetryBackoff: minRetryBackoff, MaxRetryBackoff: maxRetryBackoff, ContextTimeoutEnabled: true,
+		})
+		return c, clusterProbe(c), nil
 	}
-	return nil, fmt.Errorf("redis url: scheme %q: use redis://, rediss://, redis+sentinel:// or redis+cluster:// "+
+	return nil, nil, fmt.Errorf("redis url: scheme %q: use redis://, rediss://, redis+sentinel:// or redis+cluster:// "+
 		"(or their rediss forms)", redactScheme(scheme))
 }
 

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/job"
 )
@@ -44,12 +45,28 @@ const DefaultHeartbeatInterval = 3 * time.Second
 // Store is the fleet's capacity in Redis: one server, a Sentinel-managed
 // master, or a Cluster (see Open).
 type Store struct {
-	rdb    redis.UniversalClient
-	prefix string
+	rdb     redis.UniversalClient
+	prefix  string
+	breaker *Breaker
+	gauge   metric.Registration
 }
 
-// Close closes the connections.
-func (s *Store) Close() error { return s.rdb.Close() }
+// Close stops the Breaker's probe and closes the connections.
+func (s *Store) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.breaker.stop(ctx)
+	if s.gauge != nil {
+		_ = s.gauge.Unregister()
+	}
+	return s.rdb.Close()
+}
+
+// Breaker is the Store's breaker: whether calls go to Redis now.
+func (s *Store) Breaker() *Breaker { return s.breaker }
+
+// Up reports whether calls go to Redis (the Breaker is closed).
+func (s *Store) Up() bool { return s.breaker.Up() }
 
 // Ping checks that Redis answers.
 func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }

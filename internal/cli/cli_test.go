@@ -67,7 +67,7 @@ func TestRedisSecretsComeFromFilesOrTheEnvironment(t *testing.T) {
 		t.Errorf("a missing password file: %v", err)
 	}
 	r = parse("--redis-url", "")
-	if s, err := r.Open("p"); s != nil || err != nil {
+	if s, err := r.Open("p", nil); s != nil || err != nil {
 		t.Errorf("an empty URL: %v %v", s, err)
 	}
 }

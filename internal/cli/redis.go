@@ -3,6 +3,7 @@ package cli
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -56,8 +57,9 @@ func (r *RedisFlags) Config(prefix string) (capacity.Config, error) {
 	return c, nil
 }
 
-// Open opens the capacity store, or returns nil when --redis-url is empty.
-func (r *RedisFlags) Open(prefix string) (*capacity.Store, error) {
+// Open opens the capacity store, or returns nil when --redis-url is empty;
+// log gets its breaker's lines.
+func (r *RedisFlags) Open(prefix string, log *slog.Logger) (*capacity.Store, error) {
 	if r.URL == "" {
 		return nil, nil
 	}
@@ -65,5 +67,6 @@ func (r *RedisFlags) Open(prefix string) (*capacity.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.Logger = log
 	return capacity.Open(r.URL, c)
 }

@@ -26,6 +26,8 @@ type workers struct {
 	every time.Duration
 	log   *slog.Logger
 
+	refreshing sync.Mutex // one read at a time: the loop's, or the one when Redis returns
+
 	mu      sync.RWMutex
 	live    []*job.Heartbeat
 	pools   []job.PoolCapacity
@@ -35,20 +37,37 @@ type workers struct {
 	version uint64
 }
 
-// service reads the workers every interval until stopped; without Redis,
-// it does nothing.
+// service reads the workers now and then every interval, until stopped;
+// without Redis, it does nothing. While Redis is away the Store's Breaker
+// fails each read at once: the console shows what it read last, with the
+// error, and logs the outage once; as soon as Redis answers again it reads
+// them without waiting for the next round.
 func (w *workers) service() lifecycle.Service {
 	if w.caps == nil {
 		return lifecycle.Func{}
 	}
-	n := 0
-	return lifecycle.NewEvery(w.every, func(ctx context.Context) {
-		w.refresh(ctx, n%4 == 0) // the lost workers change rarely: every fourth round
-		n++
-	})
+	var r lifecycle.Runner
+	return lifecycle.Func{
+		StartFunc: func(ctx context.Context) error {
+			return r.Go(ctx, func(ctx context.Context) error {
+				w.refresh(ctx, true)
+				n := 1
+				stopUp := w.caps.Breaker().OnUp(func() { w.refresh(ctx, true) })
+				defer stopUp()
+				lifecycle.Tick(ctx, w.every, func(ctx context.Context) {
+					w.refresh(ctx, n%4 == 0) // the lost workers change rarely: every fourth round
+					n++
+				})
+				return nil
+			})
+		},
+		StopFunc: r.Stop,
+	}
 }
 
 func (w *workers) refresh(ctx context.Context, withLost bool) {
+	w.refreshing.Lock()
+	defer w.refreshing.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	hbs, err := w.caps.Workers(ctx, "")
@@ -60,10 +79,13 @@ func (w *workers) refresh(ctx context.Context, withLost bool) {
 	defer w.mu.Unlock()
 	if err != nil {
 		if w.err == nil {
-			w.log.Warn("console cannot read the workers", "err", err)
+			w.log.Warn("console cannot read the workers; it shows the last it read until Redis answers", "err", err)
 		}
 		w.err = err
 		return
+	}
+	if w.err != nil {
+		w.log.Info("console reads the workers again")
 	}
 	w.err, w.live, w.pools, w.read = nil, hbs, monitor.Summarize(hbs), time.Now()
 	if withLost {

@@ -74,7 +74,9 @@ func (a *API) ServeCapacity(caps *capacity.Store) {
 		return func(w http.ResponseWriter, r *http.Request) {
 			hbs, err := caps.Workers(r.Context(), r.URL.Query().Get("pool"))
 			if err != nil {
-				a.d.log.Warn("reading capacity failed", "err", err)
+				if !errors.Is(err, capacity.ErrUnavailable) {
+					a.d.log.Warn("reading capacity failed", "err", err)
+				}
 				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "capacity is unavailable now; try again"})
 				return
 			}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,9 +151,27 @@ func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Process.Kill() // a frozen server dies of SIGKILL too
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Freeze stops the server with SIGSTOP: its port stays open and accepts
+// connections, but nothing answers, as when a host or a network path
+// vanishes without a reset. Thaw resumes it.
+func (s *Server) Freeze() { s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (s *Server) Thaw() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatalf("redis-server on %s is not running", s.Addr())
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("signal redis-server: %v", err)
+	}
 }
 
 // Running reports whether the server was started and not stopped.

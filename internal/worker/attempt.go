@@ -251,7 +251,11 @@ func (d *delivery) decide(ctx context.Context, s *situation) action {
 		if err != nil {
 			// Without Redis, nobody can tell: the attempt counts as lost,
 			// as it does on a fleet without capacity accounting.
-			d.log.Warn("cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
+			level := slog.LevelWarn
+			if errors.Is(err, capacity.ErrUnavailable) {
+				level = slog.LevelDebug // the ledger logged the outage once
+			}
+			d.log.Log(ctx, level, "cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
 		}
 		s.ownerRuns = runs
 	}

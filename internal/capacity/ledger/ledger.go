@@ -1,7 +1,10 @@
 // Package ledger is a worker's side of the fleet's capacity: it counts
 // what the worker's attempts hold, reserves and releases their slot leases
 // in Redis in batches, and writes the worker's heartbeat. Local accounting
-// is the first check and goes on alone while Redis is away.
+// is the first check and goes on alone while Redis is away: once a call
+// has found Redis away, the Store's Breaker is open and the ledger does not
+// wait on Redis at all until a probe gets an answer; then it heartbeats at
+// once, which replaces the leases in Redis with what runs.
 package ledger
 
 import (
@@ -12,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -73,10 +77,19 @@ type Ledger struct {
 	inv     *job.Inventory
 	ops     []op
 	wake    chan struct{}
-	outage  bool
+	// outage: a call found Redis away, and no heartbeat has reconciled the
+	// leases since; lease batches are not sent meanwhile.
+	outage      bool
+	outageSince time.Time
+	// beatNow asks the loop for a heartbeat at its next wake: Redis
+	// answers again.
+	beatNow bool
+	stopUp  func()
 
 	run   lifecycle.Runner
 	calls metric.Int64Counter
+	// wait is the time attempts spent waiting on Redis, by operation.
+	wait metric.Float64Histogram
 
 	// peers caches the images the pool's other workers report, for one
 	// interval.
@@ -122,12 +135,24 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 	calls, _ := telemetry.Meter().Int64Counter("fleet.capacity.redis.calls",
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
 	return &Ledger{
-		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls,
+		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls, wait: capacity.WaitHistogram(),
 		leases: map[key]capacity.Lease{},
 		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
 		wake:   make(chan struct{}, 1),
 	}
 }
+
+var (
+	opReserve = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "reserve")))
+	opHolds   = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "holds")))
+	opPeers   = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "peers")))
+)
+
+// CallTimeout bounds a lease batch and a heartbeat. Redis answers either
+// in well under a millisecond; one that does not answer in time counts as
+// away (the Store's Breaker opens), which costs the reservations waiting
+// on that call this long, once: a Redis that hangs rather than refuses.
+const CallTimeout = 500 * time.Millisecond
 
 // ttl is how long the heartbeat lives: three intervals.
 func (r *Ledger) ttl() time.Duration { return 3 * r.cfg.Interval }
@@ -143,6 +168,13 @@ func (r *Ledger) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
 func (r *Ledger) Start(ctx context.Context) error {
 	r.refreshBackend(ctx)
 	r.heartbeat(ctx)
+	// When Redis answers again, the next heartbeat comes at once.
+	r.stopUp = r.s.Breaker().OnUp(func() {
+		r.mu.Lock()
+		r.beatNow = true
+		r.mu.Unlock()
+		r.poke()
+	})
 	return r.run.Go(ctx, r.loop)
 }
 
@@ -155,6 +187,9 @@ func (r *Ledger) Stop(ctx context.Context) error {
 		return nil // stopped already, or never started
 	default:
 	}
+	if r.stopUp != nil {
+		r.stopUp()
+	}
 	if err := r.run.Stop(ctx); err != nil {
 		return fmt.Errorf("stop ledger: %w", err)
 	}
@@ -165,7 +200,9 @@ func (r *Ledger) Stop(ctx context.Context) error {
 }
 
 // Reserve takes a lease for an attempt: ErrNoCapacity if the worker has not
-// that much left, locally or as Redis counts it.
+// that much left, locally or as Redis counts it. While Redis is away
+// (the Store's Breaker is open) local accounting decides alone, at once;
+// the heartbeat after Redis returns writes the lease.
 func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
 	if why := r.fitsLocked(l); why != "" {
@@ -173,9 +210,16 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 		return fmt.Errorf("%w: %s", capacity.ErrNoCapacity, why)
 	}
 	r.addLocked(l)
+	if !r.s.Up() {
+		r.mu.Unlock()
+		r.wait.Record(ctx, 0, opReserve)
+		return nil
+	}
 	reply := make(chan error, 1)
 	r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Lease: l}, reply: reply})
 	r.mu.Unlock()
+	start := time.Now()
+	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opReserve) }()
 	r.poke()
 	select {
 	case err := <-reply:
@@ -186,8 +230,11 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 }
 
 // Holds implements capacity.Holder: whether another worker is alive and holds
-// the lease of a job's attempt.
+// the lease of a job's attempt. While Redis is away it fails at once with
+// capacity.ErrUnavailable: nobody can tell.
 func (r *Ledger) Holds(ctx context.Context, workerID, tenant, jobID string, attempt int) (bool, error) {
+	start := time.Now()
+	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opHolds) }()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return r.s.Holds(ctx, workerID, tenant, jobID, attempt)
@@ -200,9 +247,11 @@ func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
 	r.peersMu.Lock()
 	defer r.peersMu.Unlock()
 	if r.peers == nil || time.Since(r.peersAt) >= r.cfg.Interval {
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		hbs, err := r.s.Workers(ctx, r.cfg.Pool)
+		r.wait.Record(ctx, time.Since(start).Seconds(), opPeers)
 		r.peers, r.peersAt = map[string]bool{}, time.Now()
 		if err != nil {
 			return false
@@ -219,15 +268,23 @@ func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
 	return r.peers[image]
 }
 
-// Release gives a lease back. It does not wait for Redis.
+// Release gives a lease back. It does not wait for Redis; while Redis is
+// away it is not sent (the heartbeat after Redis returns replaces the
+// leases).
 func (r *Ledger) Release(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
-	if held, ok := r.leases[keyOf(l)]; ok {
+	held, ok := r.leases[keyOf(l)]
+	if ok {
 		r.removeLocked(held)
+	}
+	send := ok && r.s.Up()
+	if send {
 		r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Release: true, Lease: held}})
 	}
 	r.mu.Unlock()
-	r.poke()
+	if send {
+		r.poke()
+	}
 	return nil
 }
 
@@ -286,9 +343,21 @@ func (r *Ledger) poke() {
 }
 
 // loop sends queued lease operations to Redis in batches, and the
-// heartbeat every interval, until ctx ends; then it sends what is left.
+// heartbeat every interval and as soon as Redis answers after an outage,
+// until ctx ends; then it sends what is left. One goroutine does both, so
+// that a heartbeat's leases and the batches reach Redis in the order they
+// were taken.
 func (r *Ledger) loop(ctx context.Context) error {
-	lifecycle.TickOrWake(ctx, r.cfg.Interval, r.wake, r.flush, func(ctx context.Context) {
+	lifecycle.TickOrWake(ctx, r.cfg.Interval, r.wake, func(ctx context.Context) {
+		r.flush(ctx)
+		r.mu.Lock()
+		now := r.beatNow
+		r.beatNow = false
+		r.mu.Unlock()
+		if now {
+			r.heartbeat(ctx)
+		}
+	}, func(ctx context.Context) {
 		r.flush(ctx)
 		r.refreshBackend(ctx)
 		r.heartbeat(ctx)
@@ -318,7 +387,7 @@ func (r *Ledger) flush(ctx context.Context) {
 	var replies []string
 	var err error
 	if !outage {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 		replies, err = r.s.ApplyLeases(cctx, r.cfg.WorkerID, r.leaseTTL(), batch)
 		cancel()
 		r.calls.Add(ctx, 1)
@@ -347,7 +416,9 @@ func (r *Ledger) flush(ctx context.Context) {
 func (r *Ledger) noteOutage(err error) {
 	r.mu.Lock()
 	first := !r.outage
-	r.outage = true
+	if first {
+		r.outage, r.outageSince = true, time.Now()
+	}
 	r.mu.Unlock()
 	if first {
 		r.log.Warn("Redis is unreachable: running jobs go on, slots are counted locally, and leases are reconciled when it returns", "err", err)
@@ -450,7 +521,10 @@ func (r *Ledger) heartbeat(ctx context.Context) {
 	}
 	r.mu.Unlock()
 
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if !r.s.Up() {
+		return // the outage is noted; the heartbeat after it comes at once
+	}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	r.calls.Add(ctx, 1)
 	if err := r.s.Beat(cctx, b); err != nil {
@@ -458,11 +532,11 @@ func (r *Ledger) heartbeat(ctx context.Context) {
 		return
 	}
 	r.mu.Lock()
-	was := r.outage
+	was, since := r.outage, r.outageSince
 	r.outage = false
 	n := len(r.leases)
 	r.mu.Unlock()
 	if was {
-		r.log.Info("Redis is reachable again; leases reconciled", "running", n)
+		r.log.Info("Redis is reachable again; leases reconciled", "running", n, "down_for", time.Since(since).Round(time.Millisecond))
 	}
 }

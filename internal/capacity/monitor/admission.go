@@ -40,12 +40,27 @@ const (
 // costs no Redis round trip. It never refuses a request on a view read
 // before the request came: it reads the view again first (one read at a
 // time, shared by the refusals waiting for it), so that a worker that has
-// just started is not refused for the second until the next refresh. When
-// Redis is away it lets requests through.
+// just started is not refused for the second until the next refresh.
+//
+// When Redis is away (the Store's Breaker is open), reading costs nothing:
+// it fails at once. Admission judges by the last view it read for 10
+// seconds (the pools' totals rarely change), then lets every request
+// through, with a warning that capacity is unknown. When Redis answers
+// again, the view is read within a second and admission refuses again
+// what no worker could run; for Settle after that, the workers of the view
+// read before the outage count too, so that a pool whose workers have not
+// written their heartbeats again yet (Redis came back empty) is not
+// refused as having none.
 type Admission struct {
 	s    *capacity.Store
 	mode string
 	log  *slog.Logger
+
+	// Settle is how long after an outage the workers seen before it count
+	// while they write their heartbeats again. Defaults to one heartbeat
+	// TTL at the default interval (3 × capacity.DefaultHeartbeatInterval).
+	// Set it before Start.
+	Settle time.Duration
 
 	// rechecking lets one refusal at a time read the view again; the
 	// others wait for it and use what it read.
@@ -56,9 +71,14 @@ type Admission struct {
 	workers []*job.Heartbeat
 	fresh   time.Time
 	lastErr error
+	// before is the view read before the last outage, and settled when it
+	// stops counting.
+	before  []*job.Heartbeat
+	settled time.Time
 
 	loop  *lifecycle.Every
 	gauge metric.Registration
+	wait  metric.Float64Histogram
 }
 
 type poolView struct {
@@ -94,7 +114,8 @@ func NewAdmission(s *capacity.Store, mode string, log *slog.Logger) (*Admission,
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{}}
+	a := &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{},
+		Settle: 3 * capacity.DefaultHeartbeatInterval, wait: capacity.WaitHistogram()}
 	a.loop = lifecycle.NewEvery(time.Second, a.refresh)
 	return a, nil
 }
@@ -125,15 +146,41 @@ func (a *Admission) refresh(ctx context.Context) {
 	defer a.mu.Unlock()
 	if err != nil {
 		if a.lastErr == nil {
-			a.log.Warn("cannot read capacity; admitting every request until Redis answers", "err", err)
+			a.log.Warn("cannot read capacity; judging by the last view for 10s, then admitting every request until Redis answers", "err", err)
+			a.before = a.workers
 		}
 		a.lastErr = err
 		return
 	}
+	if a.lastErr != nil {
+		a.settled = read.Add(a.Settle)
+		a.log.Info("capacity readable again; the workers seen before the outage count while they report again", "for", a.Settle)
+	}
 	a.lastErr = nil
-	a.pools = view(hbs)
+	seen := hbs
+	if read.Before(a.settled) {
+		seen = withBefore(hbs, a.before)
+	} else {
+		a.before = nil
+	}
+	a.pools = view(seen)
 	a.workers = hbs
 	a.fresh = read
+}
+
+// withBefore adds to hbs the heartbeats of before whose workers hbs lacks.
+func withBefore(hbs, before []*job.Heartbeat) []*job.Heartbeat {
+	have := make(map[string]bool, len(hbs))
+	for _, hb := range hbs {
+		have[hb.WorkerID] = true
+	}
+	out := slices.Clone(hbs)
+	for _, hb := range before {
+		if !have[hb.WorkerID] {
+			out = append(out, hb)
+		}
+	}
+	return out
 }
 
 func view(hbs []*job.Heartbeat) map[string]*poolView {
@@ -204,7 +251,9 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	if problem != "" && fresh.Before(asked) {
 		a.rechecking.Lock()
 		if _, f := a.pool(r.Pool); f.Before(asked) {
+			start := time.Now()
 			a.refresh(ctx)
+			a.wait.Record(ctx, time.Since(start).Seconds(), opAdmit)
 		}
 		a.rechecking.Unlock()
 		p, _ = a.pool(r.Pool)
@@ -218,6 +267,8 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 	}
 	return "", fmt.Errorf("%s", problem)
 }
+
+var opAdmit = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "admit")))
 
 // pool returns the view of a pool and when the view was read.
 func (a *Admission) pool(name string) (*poolView, time.Time) {

@@ -3,7 +3,9 @@ package monitor
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -15,11 +17,24 @@ import (
 // back to its pool at once, announces it, and cleans their index entries.
 // Several dispatchers may run one: removing a worker from its pool's index
 // is atomic, and only the one that removes it acts.
+//
+// A heartbeat that cannot be read is not an expired one: while Redis is
+// away the reaper declares no worker lost (and logs so, once). When Redis
+// answers again, the workers get one heartbeat TTL (three intervals) to
+// write theirs before any is declared lost: their heartbeats may have
+// expired during the outage, while they ran on. A worker that died during
+// the outage and whose keys outlived it is found after that; one whose keys
+// are gone (Redis came back empty) is not, and its jobs come back when
+// their ack wait ends.
 type Reaper struct {
 	s    *capacity.Store
 	cfg  ReaperConfig
 	log  *slog.Logger
 	loop *lifecycle.Every
+
+	mu    sync.Mutex
+	down  bool      // the last round could not read Redis
+	grace time.Time // no worker is declared lost before
 }
 
 // ReaperConfig configures a Reaper.
@@ -50,7 +65,7 @@ func NewReaper(s *capacity.Store, cfg ReaperConfig) *Reaper {
 	r := &Reaper{s: s, cfg: cfg, log: cfg.Logger.With("component", "reaper")}
 	r.loop = lifecycle.NewEvery(cfg.Every, func(ctx context.Context) {
 		if _, err := r.Reap(ctx); err != nil {
-			r.log.Debug("reap", "err", err)
+			r.log.Debug("reap", "err", err) // an outage is logged once, by Reap
 		}
 	})
 	return r
@@ -62,24 +77,35 @@ func (r *Reaper) Start(ctx context.Context) error { return r.loop.Start(ctx) }
 // Stop stops reaping and waits, until ctx ends, for a round under way.
 func (r *Reaper) Stop(ctx context.Context) error { return r.loop.Stop(ctx) }
 
-// Reap looks once, and returns the workers it found dead.
+// Reap looks once, and returns the workers it found dead. It declares
+// none while Redis is away, nor for one heartbeat TTL after it answers
+// again. Looking is bounded by one interval, so that an outage long
+// enough for heartbeats to expire in it is seen as one, even when Redis
+// hangs rather than refuses; what follows a worker found dead is not.
 func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
-	pools, err := r.s.Pools(ctx)
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.Interval)
+	defer cancel()
+	pools, err := r.s.Pools(lctx)
 	if err != nil {
+		r.noteDown(lctx, err)
 		return nil, err
+	}
+	if r.inGrace() {
+		return nil, nil
 	}
 	var dead []string
 	// A worker that missed one beat is a candidate; its heartbeat key
 	// tells whether it is gone (after three).
 	stale := time.Now().Add(-r.cfg.Interval)
 	for _, pool := range pools {
-		ids, err := r.s.Stale(ctx, pool, stale)
+		ids, err := r.s.Stale(lctx, pool, stale)
 		if err != nil {
+			r.noteDown(lctx, err)
 			return dead, err
 		}
 		for _, id := range ids {
-			if alive, err := r.s.Alive(ctx, id); err != nil || alive {
-				continue
+			if alive, err := r.s.Alive(lctx, id); err != nil || alive {
+				continue // unknown is not dead
 			}
 			if mine, err := r.s.Unindex(ctx, pool, id); err != nil || !mine {
 				continue // another dispatcher took it
@@ -89,6 +115,39 @@ func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
 		}
 	}
 	return dead, nil
+}
+
+// noteDown notes a round that could not read Redis, and logs the first of
+// an outage.
+func (r *Reaper) noteDown(ctx context.Context, err error) {
+	if !capacity.Outage(ctx, err) && !errors.Is(err, capacity.ErrUnavailable) {
+		return
+	}
+	r.mu.Lock()
+	first := !r.down
+	r.down = true
+	r.mu.Unlock()
+	if first {
+		r.log.Warn("cannot read the workers' heartbeats (Redis unreachable): no worker is declared lost until Redis answers", "err", err)
+	}
+}
+
+// inGrace reports whether workers may not be declared lost yet: Redis
+// answered again less than a heartbeat TTL ago.
+func (r *Reaper) inGrace() bool {
+	r.mu.Lock()
+	was := r.down
+	if was {
+		r.down = false
+		r.grace = time.Now().Add(3 * r.cfg.Interval)
+	}
+	grace := r.grace
+	r.mu.Unlock()
+	if was {
+		r.log.Info("Redis answers again: workers have one heartbeat TTL to report before any is declared lost",
+			"ttl", 3*r.cfg.Interval)
+	}
+	return time.Now().Before(grace)
 }
 
 // bury announces the jobs a dead worker held and removes what it left. Its
