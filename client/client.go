@@ -204,8 +204,9 @@ func (c *Client) History(ctx context.Context, id string) (*job.HistoryReply, err
 }
 
 // request sends one of the tenant's requests about job id to the
-// dispatchers and decodes the answer into v; it is sent again while no
-// dispatcher answers, until ctx ends (10 seconds without a deadline).
+// dispatchers and decodes the answer into v. While no dispatcher is there
+// to answer (NATS says so at once), it is sent again, until ctx ends (10
+// seconds without a deadline); an answer that does not come is an error.
 func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	if !job.ValidID(id) {
 		return fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
@@ -213,10 +214,13 @@ func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var m *nats.Msg
-	err := queue.Retry(ctx, func(ctx context.Context) (err error) {
+	err := backoff.Retry(func() (err error) {
 		m, err = c.nc.RequestWithContext(ctx, c.names.Request(c.tenant, verb, id), nil)
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
+			return backoff.Permanent(err)
+		}
 		return err
-	}, nil)
+	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", verb, id, err)
 	}
@@ -254,6 +258,9 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 		switch {
 		case err == nil && st.Result != nil:
 			return st.Result, nil
+		case errors.Is(err, ErrNotFound) && ctx.Err() == nil:
+			// Not queued yet (a submission kept by the intake stream
+			// until a dispatcher takes it): wait for it.
 		case err != nil && !retryable(ctx, err):
 			return nil, fmt.Errorf("await result of %s: %w", id, err)
 		}
@@ -315,10 +322,25 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			yield(nil, fmt.Errorf("watch %s: %w", id, err))
 			return
 		}
+		// The history's records and notices, in the order they happened;
+		// a notice heard live again is told by its time, type and attempt.
 		last := uint64(0)
+		type noticeKey struct {
+			at      int64
+			t       job.EventType
+			attempt int
+		}
+		seen := map[noticeKey]bool{}
+		var past []*job.Event
 		for i, rec := range h.Records {
 			last = h.Seqs[i]
-			e := job.EventOf(rec)
+			past = append(past, job.EventsOf(rec)...)
+		}
+		for _, e := range h.Notices {
+			seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt}] = true
+		}
+		past = mergeByTime(past, h.Notices)
+		for _, e := range past {
 			if !yield(e, nil) || e.Type.Final() {
 				return
 			}
@@ -331,7 +353,7 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 				yield(nil, fmt.Errorf("watch %s: %w", id, ctx.Err()))
 				return
 			}
-			var e *job.Event
+			var evs []*job.Event
 			if seq := m.Header.Get(jetstream.SequenceHeader); seq != "" {
 				n, _ := strconv.ParseUint(seq, 10, 64)
 				if n <= last {
@@ -345,18 +367,41 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 					}
 					continue
 				}
-				e = job.EventOf(&rec)
-			} else if e, err = job.DecodeEvent(m.Data); err != nil {
-				if !yield(nil, err) {
+				evs = job.EventsOf(&rec)
+			} else {
+				e, err := job.DecodeEvent(m.Data)
+				if err != nil {
+					if !yield(nil, err) {
+						return
+					}
+					continue
+				}
+				if seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt}] {
+					continue
+				}
+				evs = []*job.Event{e}
+			}
+			for _, e := range evs {
+				if !yield(e, nil) || e.Type.Final() {
 					return
 				}
-				continue
-			}
-			if !yield(e, nil) || e.Type.Final() {
-				return
 			}
 		}
 	}
+}
+
+// mergeByTime merges two lists of events, each in time order, into one,
+// a before b at equal times.
+func mergeByTime(a, b []*job.Event) []*job.Event {
+	out := make([]*job.Event, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if b[0].Time.Before(a[0].Time) {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // CancelReply says what a cancel did.

@@ -25,6 +25,7 @@ import (
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/cli"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // Exit codes.
@@ -88,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	e.nats.Register(fs)
 	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
+	fs.StringVar(&e.tenant, "tenant", job.DefaultTenant, "the tenant to act as: on an authenticated fleet, the one the NATS user may act as")
 	e.output = "text"
 	if !cmd.fileOutput {
 		fs.StringVar(&e.output, "o", "text", "output format: text or json")
@@ -190,6 +192,7 @@ type env struct {
 	stdout, stderr io.Writer
 	nats           cli.NATSFlags
 	prefix         string
+	tenant         string
 	output         string
 	httpAddr       string
 	token          string
@@ -216,7 +219,7 @@ func (e *env) client(ctx context.Context) (*client.Client, error) {
 		return nil, exit(exitFleet, "%v", err)
 	}
 	e.nc = nc
-	e.c, err = client.New(nc, client.WithPrefix(e.prefix))
+	e.c, err = client.New(nc, client.WithPrefix(e.prefix), client.WithTenant(e.tenant))
 	return e.c, err
 }
 

@@ -95,7 +95,11 @@ func (d *Dispatcher) History(ctx context.Context, tenant, id string) (*job.Histo
 	for _, r := range recs {
 		r.Secrets = ""
 	}
-	return &job.HistoryReply{Records: recs, Seqs: seqs}, nil
+	notices, err := queue.Notices(ctx, d.js, d.names, queue.Key(rec))
+	if err != nil {
+		d.log.Debug("the history of a job without its notices", "job_id", id, "err", err)
+	}
+	return &job.HistoryReply{Records: recs, Seqs: seqs, Notices: notices}, nil
 }
 
 // RetryDeadLetter submits a tenant's dead-lettered job again, as a new job

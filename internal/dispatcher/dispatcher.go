@@ -201,6 +201,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.names.AllRequests("cancel"):  d.onRequest,
 		d.names.AllRequests("status"):  d.onRequest,
 		d.names.AllRequests("history"): d.onRequest,
+		d.names.AllRequests("retry"):   d.onRequest,
 		d.names.AllPools():             d.onPool,
 	}
 	if d.cfg.Queue.V1 {

@@ -201,7 +201,8 @@ func (d *delivery) takeOver(ctx context.Context, act action) error {
 // retry records a failed attempt and announces the next one.
 func (d *delivery) retry(ctx context.Context, act action) error {
 	w, out := d.w, act.outcome
-	next := time.Now().Add(act.delay)
+	now := time.Now()
+	next := now.Add(act.delay)
 	msg := fmt.Sprintf("attempt %d of %d failed (%s): %s; attempt %d in %s",
 		d.n, d.req.Retry.MaxAttempts, out.Failure.Class, out.Failure.Message, d.n+1, act.delay.Round(time.Millisecond))
 	if act.memory != "" {
@@ -209,7 +210,7 @@ func (d *delivery) retry(ctx context.Context, act action) error {
 	}
 	err := d.save(ctx, func(rec *job.Record) {
 		rec.History = append(rec.History, attemptSummary(d.n, w.cfg.ID, out))
-		rec.State, rec.Failure, rec.NextAttemptAt, rec.UpdatedAt = job.StateRetrying, out.Failure, &next, time.Now()
+		rec.State, rec.Failure, rec.NextAttemptAt, rec.UpdatedAt = job.StateRetrying, out.Failure, &next, now
 		rec.Event, rec.Message, rec.ExitCode = job.EventRetryScheduled, msg, out.ExitCode
 		if act.memory != "" {
 			rec.MemoryOverride = act.memory
