@@ -37,7 +37,7 @@ func init() {
 			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
 			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
 			fs.StringVar(&o.metrics, "metrics", "", "a worker's /metrics URL: report its Redis round trips per job")
-			fs.BoolVar(&o.stored, "stored", false, "publish on the submit subject, kept by its stream (fire and forget), instead of requests on the direct subject")
+			fs.BoolVar(&o.stored, "stored", false, "publish on the intake subject, kept by its stream (fire and forget), instead of requests on the submit subject")
 		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			return bench(ctx, e, o)
@@ -88,9 +88,14 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	allDone := make(chan struct{})
 	inflight := make(chan struct{}, o.window)
 
+	// A final record is republished on <prefix>.t.<tenant>.job.<pool>.r.<id>.
 	index := func(subject string) int {
-		id := names.JobID(subject)
-		rest, ok := strings.CutPrefix(id, "bench-"+run+"-")
+		i := strings.Index(subject, ".r.bench-"+run+"-")
+		if i < 0 {
+			return -1
+		}
+		rest := subject[i+len(".r.bench-"+run+"-"):]
+		ok := true
 		if !ok {
 			return -1
 		}
@@ -100,20 +105,24 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 		}
 		return i
 	}
-	// A core subscription sees each result as JetStream stores it. The
-	// start of the job comes from the result's started_at (the same
-	// machine's clock), so the bench need not also take every event.
-	resSub, err := nc.Subscribe(names.AllResults(), func(m *nats.Msg) {
+	// A core subscription sees each job's final record, with its result,
+	// as JetStream stores it. The start of the job comes from the result's
+	// started_at (the same machine's clock), so the bench need not also
+	// take every other record.
+	resSub, err := nc.Subscribe(names.JobLive(e.tenant, "*", queue.KindResult, ">"), func(m *nats.Msg) {
 		at := time.Now()
 		i := index(m.Subject)
 		if i < 0 {
 			return
 		}
-		var r struct {
-			Status    job.Status `json:"status"`
-			StartedAt *time.Time `json:"started_at"`
+		var rec struct {
+			Result struct {
+				Status    job.Status `json:"status"`
+				StartedAt *time.Time `json:"started_at"`
+			} `json:"result"`
 		}
-		_ = json.Unmarshal(m.Data, &r)
+		_ = json.Unmarshal(m.Data, &rec)
+		r := rec.Result
 		mu.Lock()
 		if finished[i] == 0 {
 			finished[i] = at.Sub(sent[i])
@@ -141,9 +150,9 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	inbox := nc.NewRespInbox()
 	var refused int
 	bodies := make([][]byte, n)
-	subject := names.SubmitDirect()
+	subject := names.SubmitV2(e.tenant)
 	if o.stored {
-		subject = names.Submit()
+		subject = names.Intake(e.tenant)
 	}
 	ansSub, err := nc.Subscribe(inbox+".>", func(m *nats.Msg) {
 		if m.Header.Get("Status") == "503" && len(m.Data) == 0 {

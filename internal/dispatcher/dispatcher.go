@@ -136,7 +136,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("dispatcher config: %w", err)
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(queue.AsyncPublishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}

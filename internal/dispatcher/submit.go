@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -86,6 +88,17 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 	if req.ID == "" {
 		req.ID = job.NewID()
 	}
+	if req.Pool == "" {
+		req.Pool = job.DefaultPool
+	}
+	if req.Priority == 0 {
+		req.Priority = job.DefaultPriority
+	}
+	// The record keeps the request as submitted, whose defaults the
+	// worker fills in again: a smaller message to write and to read. (A
+	// copy of the top level: defaults that Normalize fills into a part the
+	// request gave, its retry policy say, show in both.)
+	submitted := *req
 	req.Normalize()
 	var warning string
 	if d.cfg.Admission != nil {
@@ -110,10 +123,10 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 		rec.Message = strings.TrimPrefix(warning+"; starts not before "+nb.UTC().Format(time.RFC3339), "; ")
 	}
 	k := queue.Key(rec)
-	if rec.Secrets, err = d.sealer.Seal(k, req); err != nil {
+	if rec.Secrets, err = d.sealer.Seal(k, &submitted); err != nil {
 		return nil, fmt.Errorf("seal the request's secrets: %w", err)
 	}
-	rec.Request = req
+	rec.Request = &submitted
 	if err := d.ensurePool(ctx, req.Pool); err != nil {
 		return nil, errTransient{err}
 	}
@@ -223,15 +236,30 @@ func (d *Dispatcher) Announce(ctx context.Context, e *job.Event) error {
 
 // ensurePool makes sure a stream holds the jobs of pool before its first
 // job is published, once per pool in this dispatcher's life.
+// The first submissions of a pool, arriving together, wait for one
+// set-up rather than each making its own.
 func (d *Dispatcher) ensurePool(ctx context.Context, pool string) error {
-	if _, ok := d.pools.Load(pool); ok {
+	v, _ := d.pools.LoadOrStore(pool, &poolSetup{})
+	p := v.(*poolSetup)
+	if p.done.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done.Load() {
 		return nil
 	}
 	if _, err := queue.EnsurePoolStream(ctx, d.js, d.cfg.Queue, pool, d.log); err != nil {
 		return err
 	}
-	d.pools.Store(pool, true)
+	p.done.Store(true)
 	return nil
+}
+
+// poolSetup is whether a pool's stream was set up in this dispatcher's life.
+type poolSetup struct {
+	mu   sync.Mutex
+	done atomic.Bool
 }
 
 // Requeue gives a job back to its pool at once through the ack subject of

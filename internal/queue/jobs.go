@@ -98,14 +98,30 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 	}
 	var newRev uint64
 	ambiguous := false
-	err = Retry(ctx, func(ctx context.Context) error {
-		ack, err := j.js.PublishMsg(ctx, m)
-		if err == nil {
-			newRev = ack.Sequence
+	// The first try waits for its answer without a timer of its own: the
+	// stream answers at once but while it elects a leader, and then the
+	// tries of Retry take over.
+	f, err := j.js.PublishMsgAsync(m)
+	if err == nil {
+		select {
+		case ack := <-f.Ok():
+			return ack.Sequence, nil
+		case err = <-f.Err():
+		case <-ctx.Done():
+			err = ctx.Err()
 		}
-		ambiguous = ambiguous || Ambiguous(err)
-		return err
-	}, nil)
+	}
+	if err != nil && Ambiguous(err) && ctx.Err() == nil {
+		ambiguous = true
+		err = Retry(ctx, func(ctx context.Context) error {
+			ack, err := j.js.PublishMsg(ctx, m)
+			if err == nil {
+				newRev = ack.Sequence
+			}
+			ambiguous = ambiguous || Ambiguous(err)
+			return err
+		}, nil)
+	}
 	if IsWrongLastSequence(err) {
 		if ambiguous {
 			if data, seq, gerr := j.last(ctx, Key(rec)); gerr == nil && bytes.Equal(data, m.Data) {

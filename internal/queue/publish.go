@@ -32,6 +32,12 @@ const (
 	lastTry  = 1500 * time.Millisecond
 )
 
+// AsyncPublishTimeout bounds the wait for the answer to an asynchronous
+// publish of the fleet's processes: an answer lost with a server ends as
+// jetstream.ErrAsyncPublishTimeout, which is ambiguous, and the message
+// is sent again (see Await).
+const AsyncPublishTimeout = 2 * time.Second
+
 // errUnsettled says that what the fleet reads is not settled yet, and a
 // moment later it will be: a step that meets it is tried again.
 var errUnsettled = errors.New("not settled yet")

@@ -214,6 +214,10 @@ type Worker struct {
 	settling context.Context
 	giveUp   context.CancelFunc
 	attempts sync.WaitGroup
+	// deliveries go to the handlers, one goroutine per slot; closed once
+	// the pull has stopped.
+	deliveries chan jetstream.Msg
+	handlers   sync.WaitGroup
 	// background holds the loops beside the pull: the pool's pause state,
 	// the sweep of data directories.
 	background lifecycle.Group
@@ -233,7 +237,7 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("worker config: %w", err)
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096), jetstream.WithPublishAsyncTimeout(queue.AsyncPublishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -289,6 +293,18 @@ func (w *Worker) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	// One goroutine per slot handles deliveries: they start warm, with
+	// the stack a delivery needs, rather than growing one each time.
+	w.deliveries = make(chan jetstream.Msg, w.cfg.Slots)
+	for range w.cfg.Slots {
+		w.handlers.Add(1)
+		go func() {
+			defer w.handlers.Done()
+			for msg := range w.deliveries {
+				w.handle(msg)
+			}
+		}()
+	}
 	w.pulling.Add(1)
 	go w.pull()
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
@@ -338,6 +354,8 @@ func (w *Worker) stop(ctx context.Context) error {
 			<-done
 		}
 	}
+	close(w.deliveries) // nothing pulls any more
+	w.handlers.Wait()
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
 	}
@@ -463,7 +481,7 @@ func (w *Worker) pull() {
 			for msg := range batch.Messages() {
 				used++
 				w.attempts.Add(1)
-				go w.handle(msg)
+				w.deliveries <- msg
 			}
 			w.slots.release(n - used)
 			<-fetches
