@@ -33,10 +33,10 @@ const (
 	LabelWorkerID  = "fleet.dev/worker-id"
 	LabelPool      = "fleet.dev/pool"
 
-	AnnotationJobID    = "fleet.dev/job-id"
+	AnnotationJobID = "fleet.dev/job-id"
 	// AnnotationTenant is the job's tenant, on Jobs and pods of other
 	// tenants' jobs than the default one's.
-	AnnotationTenant = "fleet.dev/tenant"
+	AnnotationTenant   = "fleet.dev/tenant"
 	AnnotationWorkerID = "fleet.dev/worker-id"
 )
 
