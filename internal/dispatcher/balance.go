@@ -46,7 +46,7 @@ func (d *Dispatcher) balance(ctx context.Context) (moved string, err error) {
 		if !ok {
 			continue
 		}
-		if strings.HasPrefix(l.stream, d.names.JobsStream("")) {
+		if strings.HasPrefix(l.stream, d.names.PoolStreamV2("")) || strings.HasPrefix(l.stream, d.names.JobsStream("")) {
 			jobs = append(jobs, l)
 		} else {
 			others = append(others, l)
@@ -74,9 +74,11 @@ func (d *Dispatcher) balance(ctx context.Context) (moved string, err error) {
 // is replicated.
 func (d *Dispatcher) leadershipOf(info *jetstream.StreamInfo) (leadership, bool) {
 	name := info.Config.Name
-	ours := strings.HasPrefix(name, d.names.JobsStream("")) || name == d.names.SharedJobsStream() ||
-		slices.Contains([]string{d.names.SubmitStream(), d.names.EventsStream(), d.names.ResultsStream(),
-			d.names.DLQStream(), "KV_" + d.names.Bucket(), "KV_" + d.names.IntakeBucket()}, name)
+	ours := strings.HasPrefix(name, d.names.PoolStreamV2("")) || strings.HasPrefix(name, d.names.JobsStream("")) ||
+		name == d.names.SharedJobsStream() ||
+		slices.Contains([]string{d.names.IntakeStream(), d.names.SubmitStream(), d.names.EventsStream(), d.names.ResultsStream(),
+			d.names.DLQStream(), "KV_" + d.names.Bucket(), "KV_" + d.names.IntakeBucket(), "KV_" + d.names.PoolsBucket(),
+			"KV_" + d.names.KeysBucket()}, name)
 	c := info.Cluster
 	if !ours || c == nil || c.Leader == "" || len(c.Replicas) == 0 {
 		return leadership{}, false

@@ -12,8 +12,9 @@ import (
 )
 
 // BenchmarkSubmit measures the dispatcher's hot path: a request on the
-// submit subject, stored, validated, recorded and published as a job,
-// answered to the producer. Many producers submit at once.
+// tenant's submit subject, validated, queued (one write: the job's first
+// record version, with its request), answered to the producer. Many
+// producers submit at once.
 func BenchmarkSubmit(b *testing.B) {
 	f := fleettest.Start(b)
 	nc := f.NATS.Connect(b)
@@ -24,7 +25,7 @@ func BenchmarkSubmit(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			data, _ := json.Marshal(&job.Request{ID: fmt.Sprintf("b-%d", n.Add(1)), Command: []string{"true"}})
-			m, err := nc.RequestWithContext(context.Background(), "fleet.submit", data)
+			m, err := nc.RequestWithContext(context.Background(), "fleet.t.default.submit", data)
 			if err != nil {
 				b.Error(err)
 				return

@@ -40,23 +40,17 @@ const bridgeEvery = time.Second
 // the loop that follows every pool's stream while this dispatcher is the
 // one that bridges.
 func (d *Dispatcher) startBridge(ctx context.Context) error {
-	notices, err := d.nc.Subscribe(d.names.AllNotices(), func(m *nats.Msg) {
-		if !d.peers.first() {
-			return
-		}
-		var e job.Event
-		if json.Unmarshal(m.Data, &e) != nil || (e.Tenant != "" && e.Tenant != job.DefaultTenant) {
-			return
-		}
-		v1 := nats.NewMsg(d.names.Events(e.JobID))
-		v1.Data = m.Data
-		_ = d.nc.PublishMsg(v1)
-	})
+	// A bridge made now bridges what was written from a minute before: a
+	// fleet that turns v1 on is not replayed whole, and what a dispatcher
+	// bridging a moment ago was about to write is written (twice at worst:
+	// the v1 writes are idempotent).
+	b := &bridge{d: d, following: map[string]*lifecycle.Runner{}, since: time.Now().Add(-time.Minute),
+		running: map[string]bool{}, held: map[string][]*nats.Msg{}}
+	notices, err := d.nc.Subscribe(d.names.AllNotices(), b.notice)
 	if err != nil {
 		return fmt.Errorf("subscribe to %s: %w", d.names.AllNotices(), err)
 	}
 	d.subs = append(d.subs, notices)
-	b := &bridge{d: d, following: map[string]*lifecycle.Runner{}}
 	loop := lifecycle.NewEvery(bridgeEvery, b.look)
 	return d.background.Start(ctx, "the v1 bridge", lifecycle.Func{
 		StartFunc: loop.Start,
@@ -69,8 +63,60 @@ func (d *Dispatcher) startBridge(ctx context.Context) error {
 
 type bridge struct {
 	d         *Dispatcher
+	since     time.Time // where a new consumer of the bridge starts
 	mu        sync.Mutex
 	following map[string]*lifecycle.Runner // pool → its follower
+
+	// A v1 consumer sees a job's heartbeat and log events between its
+	// started event and its final one: the notices of a job whose start
+	// is not bridged yet are held until it is.
+	noticesMu sync.Mutex
+	running   map[string]bool        // jobs whose start was bridged
+	held      map[string][]*nats.Msg // their notices, until then
+}
+
+// maxHeld bounds the notices held for one job.
+const maxHeld = 256
+
+// notice copies a default-tenant job's heartbeat or log event to its v1
+// events subject, or holds it until the job's start is bridged.
+func (b *bridge) notice(m *nats.Msg) {
+	if !b.d.peers.first() {
+		return
+	}
+	var e job.Event
+	if json.Unmarshal(m.Data, &e) != nil || (e.Tenant != "" && e.Tenant != job.DefaultTenant) {
+		return
+	}
+	v1 := nats.NewMsg(b.d.names.Events(e.JobID))
+	v1.Data = m.Data
+	b.noticesMu.Lock()
+	if !b.running[e.JobID] {
+		if len(b.held[e.JobID]) < maxHeld {
+			b.held[e.JobID] = append(b.held[e.JobID], v1)
+		}
+		b.noticesMu.Unlock()
+		return
+	}
+	b.noticesMu.Unlock()
+	_ = b.d.nc.PublishMsg(v1)
+}
+
+// release publishes the notices held for job id; with done, the job ended
+// and nothing more is held for it.
+func (b *bridge) release(id string, running, done bool) {
+	b.noticesMu.Lock()
+	held := b.held[id]
+	delete(b.held, id)
+	if done {
+		delete(b.running, id)
+	} else if running {
+		b.running[id] = true
+	}
+	b.noticesMu.Unlock()
+	for _, m := range held {
+		_ = b.d.nc.PublishMsg(m)
+	}
 }
 
 // look starts a follower for each pool that has none, while this
@@ -117,7 +163,8 @@ func (b *bridge) follow(ctx context.Context, pool string) error {
 		cons, err = d.js.CreateOrUpdateConsumer(ctx, d.names.PoolStreamV2(pool), jetstream.ConsumerConfig{
 			Durable: bridgeConsumer, Description: "The v1 bridge of pool " + pool,
 			FilterSubject: d.names.PoolSubjects(pool), AckPolicy: jetstream.AckExplicitPolicy,
-			AckWait: 30 * time.Second, MaxAckPending: 1024, DeliverPolicy: jetstream.DeliverNewPolicy,
+			AckWait: 30 * time.Second, MaxAckPending: 1024, DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+			OptStartTime: &b.since,
 		})
 		return err
 	})
@@ -174,6 +221,10 @@ func (b *bridge) apply(ctx context.Context, m jetstream.Msg) error {
 	if rec.Event == "" {
 		return nil
 	}
+	if rec.State.Final() {
+		// What the job said while it ran comes before its end.
+		b.release(rec.ID, false, true)
+	}
 	for i, e := range job.EventsOf(&rec) {
 		e.Tenant = ""
 		ev, err := d.names.EventMsg(e, 0)
@@ -186,6 +237,9 @@ func (b *bridge) apply(ctx context.Context, m jetstream.Msg) error {
 		if _, err := queue.Publish(ctx, d.js, ev); err != nil {
 			return err
 		}
+	}
+	if rec.State == job.StateRunning {
+		b.release(rec.ID, true, false)
 	}
 	return nil
 }

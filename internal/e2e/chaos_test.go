@@ -44,17 +44,18 @@ func TestChaos(t *testing.T) {
 	}
 
 	js, _ := jetstream.New(f.NATS.Connect(t))
-	results, err := js.Stream(ctx, "FLEET_RESULTS")
+	// A job's final record, with its one result, is on its r subject.
+	results, err := js.Stream(ctx, "FLEET_POOL_default")
 	if err != nil {
 		t.Fatal(err)
 	}
 	kills := 0
 	for {
-		info, err := results.Info(ctx)
+		info, err := results.Info(ctx, jetstream.WithSubjectFilter("fleet.p.default.r.>"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State.Msgs >= jobs {
+		if len(info.State.Subjects) >= jobs {
 			break
 		}
 		if ctx.Err() != nil {
@@ -70,7 +71,7 @@ func TestChaos(t *testing.T) {
 	elapsed := time.Since(began)
 
 	// Exactly one result per job.
-	info, err := results.Info(ctx, jetstream.WithSubjectFilter("fleet.results.>"))
+	info, err := results.Info(ctx, jetstream.WithSubjectFilter("fleet.p.default.r.>"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,12 +143,13 @@ func (f *outageFleet) load(t *testing.T, name string, n, rate int, atAfter time.
 	var bad []string
 	var last time.Time
 	all := make(chan struct{})
-	sub, err := f.nc.Subscribe(f.names.AllResults(), func(m *nats.Msg) {
+	sub, err := f.nc.Subscribe(f.names.JobLive(job.DefaultTenant, "*", queue.KindResult, ">"), func(m *nats.Msg) {
 		at := time.Now()
-		var r job.Result
-		if json.Unmarshal(m.Data, &r) != nil || !strings.HasPrefix(r.JobID, tag+"-") {
+		var rec job.Record
+		if json.Unmarshal(m.Data, &rec) != nil || rec.Result == nil || !strings.HasPrefix(rec.ID, tag+"-") {
 			return
 		}
+		r := rec.Result
 		mu.Lock()
 		defer mu.Unlock()
 		if _, ok := got[r.JobID]; ok {

@@ -456,12 +456,15 @@ func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
 		t.Fatalf("result %s after %d attempts", r.Status, r.Attempts)
 	}
 	js, _ := jetstream.New(f.NATS.Connect(t))
-	info, err := js.Stream(ctx, "FLEET_RESULTS")
+	info, err := js.Stream(ctx, "FLEET_POOL_default")
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := info.Info(ctx, jetstream.WithSubjectFilter("fleet.results.retried"))
-	if err != nil || st.State.Msgs != 1 {
-		t.Fatalf("%d results for the job (%v)", st.State.Msgs, err)
+	// One version queued the job (its request), one result ended it.
+	for subject, want := range map[string]uint64{"fleet.p.default.q3.default.retried": 1, "fleet.p.default.r.default.retried": 1} {
+		st, err := info.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil || st.State.Msgs != want {
+			t.Fatalf("%s: %d messages (%v), want %d", subject, st.State.Msgs, err, want)
+		}
 	}
 }

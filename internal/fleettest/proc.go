@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,8 +69,14 @@ type Proc struct {
 
 // StartProc starts a built command with args and extra environment; it is
 // killed when the test ends, and its output is shown if the test failed.
+//
+// A dispatcher runs contract v2 alone (--v1=false), as in production,
+// unless args say otherwise.
 func StartProc(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
+	if name == "dispatcher" && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--v1") }) {
+		args = append(args, "--v1=false")
+	}
 	cmd := exec.Command(Binary(t, name), args...)
 	cmd.Env = append(os.Environ(), env...)
 	p := &Proc{Cmd: cmd, name: name, out: &syncBuffer{}, done: make(chan struct{})}

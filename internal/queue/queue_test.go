@@ -27,8 +27,28 @@ func TestNames(t *testing.T) {
 }
 
 func TestStreamsMatchTheContract(t *testing.T) {
-	byName := map[string]jetstream.StreamConfig{}
+	v2 := map[string]jetstream.StreamConfig{}
 	for _, s := range (Config{}).Streams() {
+		v2[s.Name] = s
+	}
+	if s := v2["FLEET_INTAKE"]; s.Retention != jetstream.WorkQueuePolicy || s.NoAck || len(s.Subjects) != 1 || s.Subjects[0] != "fleet.t.*.intake" {
+		t.Errorf("intake stream: %+v", s)
+	}
+	if s := v2["FLEET_EVENTS"]; len(s.Subjects) != 1 || s.Subjects[0] != "fleet.t.*.ev.>" {
+		t.Errorf("events stream without v1: %+v", s.Subjects)
+	}
+	if len(v2) != 3 {
+		t.Errorf("v2 streams: %v", v2)
+	}
+	p := (Config{}).PoolStreamV2("gpu")
+	if p.Name != "FLEET_POOL_gpu" || p.Retention != jetstream.LimitsPolicy || len(p.Subjects) != 1 || p.Subjects[0] != "fleet.p.gpu.>" ||
+		!p.AllowDirect || p.RePublish == nil || p.RePublish.Source != "fleet.p.gpu.*.*.>" ||
+		p.RePublish.Destination != "fleet.t.{{wildcard(2)}}.job.gpu.{{wildcard(1)}}.>" {
+		t.Errorf("a pool's stream: %+v", p)
+	}
+
+	byName := map[string]jetstream.StreamConfig{}
+	for _, s := range (Config{V1: true}).Streams() {
 		byName[s.Name] = s
 	}
 	if s := byName["FLEET_SUBMIT"]; s.Retention != jetstream.WorkQueuePolicy || !s.NoAck {
@@ -44,7 +64,7 @@ func TestStreamsMatchTheContract(t *testing.T) {
 	if s := byName["FLEET_EVENTS"]; s.Retention != jetstream.LimitsPolicy || s.MaxAge == 0 {
 		t.Errorf("events stream: %+v", s)
 	}
-	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 4 {
+	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 5 {
 		t.Errorf("streams: %v", byName)
 	}
 }

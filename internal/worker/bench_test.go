@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -18,31 +17,31 @@ import (
 )
 
 // BenchmarkPullRunPublish measures a worker's hot path with the noop
-// executor: pull a job, record it running, publish its started event, its
-// result and final event, record it finished, acknowledge. Jobs are put on
-// the pool's subject directly, so the dispatcher's work is not counted.
+// executor: pull a job, record it running, record it finished with its
+// result, acknowledge. Jobs are queued in the pool's stream directly, as a
+// dispatcher queues them, so the dispatcher's work is not counted.
 func BenchmarkPullRunPublish(b *testing.B) {
 	f := fleettest.Start(b)
 	nc := f.NATS.Connect(b)
 	js, _ := jetstream.New(nc)
 	results := make(chan struct{}, 1<<16)
-	sub, err := nc.Subscribe("fleet.results.>", func(*nats.Msg) { results <- struct{}{} })
+	sub, err := nc.Subscribe("fleet.t.default.job.default.r.>", func(*nats.Msg) { results <- struct{}{} })
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sub.Unsubscribe()
 	f.Worker(b, noop.Executor{}, worker.Config{Slots: 256, Backend: "noop"})
+	jobs := queue.NewJobs(js, queue.Names{})
 	run := job.NewID()[12:]
 	b.ReportAllocs()
 	b.ResetTimer()
 	go func() {
 		for i := 0; i < b.N; i++ {
-			r := &job.Request{ID: fmt.Sprintf("w-%s-%d", run, i), Command: []string{"true"}}
-			r.Normalize()
-			m := nats.NewMsg("fleet.jobs.default")
-			m.Data, _ = json.Marshal(r)
-			m.Header.Set(queue.HeaderMsgID, r.ID)
-			m.Header.Set(queue.HeaderSubmittedAt, time.Now().UTC().Format(time.RFC3339Nano))
+			r := &job.Request{ID: fmt.Sprintf("w-%s-%d", run, i), Pool: job.DefaultPool, Priority: job.DefaultPriority,
+				Command: []string{"true"}}
+			now := time.Now()
+			m, _ := jobs.Msg(&job.Record{ID: r.ID, Tenant: job.DefaultTenant, Pool: r.Pool, Priority: r.Priority,
+				State: job.StateQueued, Event: job.EventQueued, MaxAttempts: 1, SubmittedAt: now, UpdatedAt: now, Request: r}, 0)
 			if _, err := js.PublishMsgAsync(m); err != nil {
 				b.Error(err)
 				return
