@@ -157,7 +157,7 @@ func TestComposeClusterUpRunsAJob(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, name := range []string{"FLEET_SUBMIT", "FLEET_JOBS_default", "FLEET_RESULTS", "KV_fleet-jobs"} {
+	for _, name := range []string{"FLEET_INTAKE", "FLEET_POOL_default", "FLEET_EVENTS", "KV_fleet-keys"} {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)

@@ -410,6 +410,10 @@ func (w *Worker) pull() {
 	// every message that arrives until it has its count, so more would
 	// only keep the server busy with requests that wait and expire.
 	fetches := make(chan struct{}, 2)
+	// failing counts pull requests in a row that the server ended with an
+	// error before any message (no responders while the consumer's leader
+	// moves): the next ones wait longer, instead of asking again at once.
+	var failing atomic.Int32
 	for {
 		if !w.pause.waitResumed(w.pullCtx) {
 			return
@@ -484,10 +488,20 @@ func (w *Worker) pull() {
 				w.deliveries <- msg
 			}
 			w.slots.release(n - used)
-			<-fetches
-			if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && w.pullCtx.Err() == nil {
-				w.log.Debug("fetch ended", "err", err)
+			err := batch.Error()
+			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
+				failing.Store(0)
+				<-fetches
+				return
 			}
+			k := min(failing.Add(1), 7)
+			pause := min(10*time.Millisecond<<k, time.Second)
+			w.log.Debug("fetch ended", "err", err, "again_in", pause)
+			select {
+			case <-time.After(pause):
+			case <-w.pullCtx.Done():
+			}
+			<-fetches
 		}()
 	}
 }
