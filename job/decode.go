@@ -33,7 +33,8 @@ func requireKeys(data []byte, keys ...string) error {
 	return nil
 }
 
-// DecodeEvent decodes and validates a lifecycle event.
+// DecodeEvent decodes and validates a lifecycle event, of schema v1 or v2:
+// it does not require the tenant, which v1 events lack.
 func DecodeEvent(data []byte) (*Event, error) {
 	var e Event
 	if err := decodeStrict(data, &e); err != nil {
@@ -53,6 +54,9 @@ func (e *Event) Validate() error {
 	var v validator
 	if e.JobID == "" || len(e.JobID) > 128 {
 		v.add("job_id", "must be 1 to 128 characters")
+	}
+	if e.Tenant != "" && !ValidTenant(e.Tenant) {
+		v.add("tenant", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(e.Tenant, 40))
 	}
 	if e.Attempt < 0 {
 		v.add("attempt", "must not be negative")

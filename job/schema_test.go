@@ -30,6 +30,7 @@ var schemaOf = map[string]string{
 	"request":    schemas.ExecutionRequest,
 	"request-v2": schemas.ExecutionRequestV2,
 	"event":      schemas.LifecycleEvent,
+	"event-v2":   schemas.LifecycleEventV2,
 	"result":     schemas.Result,
 	"heartbeat":  schemas.CapacityHeartbeat,
 }
@@ -96,7 +97,7 @@ func goDecode(kind string, data []byte) ([]byte, error) {
 			return nil, err
 		}
 		return json.Marshal(r)
-	case "event":
+	case "event", "event-v2":
 		e, err := job.DecodeEvent(data)
 		if err != nil {
 			return nil, err
@@ -180,7 +181,7 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 	}
 	for _, k := range []string{"request/valid", "request/invalid", "request/semantic", "event/valid", "event/invalid",
 		"result/valid", "result/invalid", "heartbeat/valid", "heartbeat/invalid",
-		"request-v2/valid", "request-v2/invalid", "request-v2/semantic"} {
+		"request-v2/valid", "request-v2/invalid", "request-v2/semantic", "event-v2/valid", "event-v2/invalid"} {
 		if counts[k] == 0 {
 			t.Errorf("no fixtures in %s", k)
 		}
@@ -202,10 +203,14 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 	// A v1 request is the v2 one without its priority.
 	v1 := r.Clone()
 	v1.Priority = 0
+	// A v1 event is the v2 one without its tenant.
+	e := sampleEvent()
+	e.Tenant = "acme"
 	for kind, doc := range map[string]any{
 		"request":    v1,
 		"request-v2": r,
 		"event":      sampleEvent(),
+		"event-v2":   e,
 		"result":     sampleResult(),
 		"heartbeat":  sampleHeartbeat(),
 	} {
@@ -230,6 +235,7 @@ func TestV2SchemasKeepV1Rules(t *testing.T) {
 		upgrade func(map[string]any)
 	}{
 		{v1: "request", v2: "request-v2"},
+		{v1: "event", v2: "event-v2", upgrade: func(doc map[string]any) { doc["tenant"] = "acme" }},
 	} {
 		files, err := filepath.Glob("../schemas/testdata/" + c.v1 + "/*/*.json")
 		if err != nil || len(files) == 0 {
@@ -252,6 +258,25 @@ func TestV2SchemasKeepV1Rules(t *testing.T) {
 			if (v1Err == nil) != (v2Err == nil) {
 				t.Errorf("%s: %s says %v, %s says %v", f, c.v1, v1Err, c.v2, v2Err)
 			}
+		}
+	}
+}
+
+// A v2 event names its tenant. DecodeEvent does not require it: it reads
+// v1 events too.
+func TestEventV2NeedsTenant(t *testing.T) {
+	compiled := compileSchemas(t)
+	files, err := filepath.Glob("../schemas/testdata/event/valid/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no v1 events: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schemaErr(compiled["event-v2"], data); err == nil {
+			t.Errorf("%s: the v2 schema accepted an event without a tenant", f)
 		}
 	}
 }
