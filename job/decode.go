@@ -143,13 +143,7 @@ func (r *Result) Validate() error {
 	}
 	v.failure("failure", r.Failure)
 	v.traceID(r.TraceID)
-	for i, a := range r.History {
-		if a.Attempt < 1 {
-			v.add(fmt.Sprintf("history[%d].attempt", i), "must be at least 1")
-		}
-		v.failure(fmt.Sprintf("history[%d].failure", i), a.Failure)
-		v.logInfo(fmt.Sprintf("history[%d].log", i), a.Log)
-	}
+	v.history(r.History)
 	for _, name := range sortedArtifactKeys(r.Artifacts) {
 		v.artifact("artifacts["+truncate(name, 40)+"]", r.Artifacts[name])
 		if _, dup := r.Outputs[name]; dup {
@@ -158,6 +152,17 @@ func (r *Result) Validate() error {
 	}
 	v.logInfo("log", r.Log)
 	return v.errAs("result")
+}
+
+// history checks the attempts of a result or a record.
+func (v *validator) history(h []Attempt) {
+	for i, a := range h {
+		if a.Attempt < 1 {
+			v.add(fmt.Sprintf("history[%d].attempt", i), "must be at least 1")
+		}
+		v.failure(fmt.Sprintf("history[%d].failure", i), a.Failure)
+		v.logInfo(fmt.Sprintf("history[%d].log", i), a.Log)
+	}
 }
 
 // DecodeHeartbeat decodes and validates a capacity heartbeat.
@@ -283,7 +288,8 @@ func (v *validator) errAs(what string) error {
 	return &DocumentError{What: what, Problems: v.problems}
 }
 
-// DocumentError lists the problems of an event, result or heartbeat.
+// DocumentError lists the problems of an event, result, heartbeat or
+// record.
 type DocumentError struct {
 	What     string
 	Problems []string
