@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -33,6 +34,7 @@ var schemaOf = map[string]string{
 	"event-v2":   schemas.LifecycleEventV2,
 	"result":     schemas.Result,
 	"heartbeat":  schemas.CapacityHeartbeat,
+	"record-v2":  schemas.JobRecordV2,
 }
 
 // writtenAs is the kind of what Go writes back of a kind, where it is not
@@ -109,6 +111,12 @@ func goDecode(kind string, data []byte) ([]byte, error) {
 			return nil, err
 		}
 		return json.Marshal(r)
+	case "record-v2":
+		r, err := job.DecodeRecord(data)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(r)
 	case "heartbeat":
 		h, err := job.DecodeHeartbeat(data)
 		if err != nil {
@@ -181,7 +189,8 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 	}
 	for _, k := range []string{"request/valid", "request/invalid", "request/semantic", "event/valid", "event/invalid",
 		"result/valid", "result/invalid", "heartbeat/valid", "heartbeat/invalid",
-		"request-v2/valid", "request-v2/invalid", "request-v2/semantic", "event-v2/valid", "event-v2/invalid"} {
+		"request-v2/valid", "request-v2/invalid", "request-v2/semantic", "event-v2/valid", "event-v2/invalid",
+		"record-v2/valid", "record-v2/invalid", "record-v2/semantic"} {
 		if counts[k] == 0 {
 			t.Errorf("no fixtures in %s", k)
 		}
@@ -220,6 +229,31 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		}
 		if err := schemaErr(compiled[kind], data); err != nil {
 			t.Errorf("%s: %v\n%s", kind, err, data)
+		}
+	}
+	recs := sampleRecords()
+	set := map[string]bool{}
+	for _, rec := range recs {
+		v := reflect.ValueOf(rec).Elem()
+		for i := range v.NumField() {
+			if !v.Field(i).IsZero() {
+				set[v.Type().Field(i).Name] = true
+			}
+		}
+		data, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schemaErr(compiled["record-v2"], data); err != nil {
+			t.Errorf("record-v2 (%s): %v\n%s", rec.State, err, data)
+		}
+		if _, err := job.DecodeRecord(data); err != nil {
+			t.Errorf("record-v2 (%s): %v", rec.State, err)
+		}
+	}
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[job.Record]()) {
+		if !set[f.Name] {
+			t.Errorf("no sample record sets Record.%s", f.Name)
 		}
 	}
 }
@@ -277,6 +311,37 @@ func TestEventV2NeedsTenant(t *testing.T) {
 		}
 		if err := schemaErr(compiled["event-v2"], data); err == nil {
 			t.Errorf("%s: the v2 schema accepted an event without a tenant", f)
+		}
+	}
+}
+
+// The events a record version stands for are v2 events.
+func TestEventsOfRecordsMatchSchema(t *testing.T) {
+	compiled := compileSchemas(t)
+	files, err := filepath.Glob("../schemas/testdata/record-v2/valid/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no records: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := job.DecodeRecord(data)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, e := range job.EventsOf(rec) {
+			enc, err := json.Marshal(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := schemaErr(compiled["event-v2"], enc); err != nil {
+				t.Errorf("%s: event %s: %v\n%s", f, e.Type, err, enc)
+			}
+			if _, err := job.DecodeEvent(enc); err != nil {
+				t.Errorf("%s: event %s: %v", f, e.Type, err)
+			}
 		}
 	}
 }
