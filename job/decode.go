@@ -33,7 +33,8 @@ func requireKeys(data []byte, keys ...string) error {
 	return nil
 }
 
-// DecodeEvent decodes and validates a lifecycle event.
+// DecodeEvent decodes and validates a lifecycle event, of schema v1 or v2:
+// it does not require the tenant, which v1 events lack.
 func DecodeEvent(data []byte) (*Event, error) {
 	var e Event
 	if err := decodeStrict(data, &e); err != nil {
@@ -53,6 +54,9 @@ func (e *Event) Validate() error {
 	var v validator
 	if e.JobID == "" || len(e.JobID) > 128 {
 		v.add("job_id", "must be 1 to 128 characters")
+	}
+	if e.Tenant != "" && !ValidTenant(e.Tenant) {
+		v.add("tenant", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(e.Tenant, 40))
 	}
 	if e.Attempt < 0 {
 		v.add("attempt", "must not be negative")
@@ -139,13 +143,7 @@ func (r *Result) Validate() error {
 	}
 	v.failure("failure", r.Failure)
 	v.traceID(r.TraceID)
-	for i, a := range r.History {
-		if a.Attempt < 1 {
-			v.add(fmt.Sprintf("history[%d].attempt", i), "must be at least 1")
-		}
-		v.failure(fmt.Sprintf("history[%d].failure", i), a.Failure)
-		v.logInfo(fmt.Sprintf("history[%d].log", i), a.Log)
-	}
+	v.history(r.History)
 	for _, name := range sortedArtifactKeys(r.Artifacts) {
 		v.artifact("artifacts["+truncate(name, 40)+"]", r.Artifacts[name])
 		if _, dup := r.Outputs[name]; dup {
@@ -154,6 +152,17 @@ func (r *Result) Validate() error {
 	}
 	v.logInfo("log", r.Log)
 	return v.errAs("result")
+}
+
+// history checks the attempts of a result or a record.
+func (v *validator) history(h []Attempt) {
+	for i, a := range h {
+		if a.Attempt < 1 {
+			v.add(fmt.Sprintf("history[%d].attempt", i), "must be at least 1")
+		}
+		v.failure(fmt.Sprintf("history[%d].failure", i), a.Failure)
+		v.logInfo(fmt.Sprintf("history[%d].log", i), a.Log)
+	}
 }
 
 // DecodeHeartbeat decodes and validates a capacity heartbeat.
@@ -279,7 +288,8 @@ func (v *validator) errAs(what string) error {
 	return &DocumentError{What: what, Problems: v.problems}
 }
 
-// DocumentError lists the problems of an event, result or heartbeat.
+// DocumentError lists the problems of an event, result, heartbeat or
+// record.
 type DocumentError struct {
 	What     string
 	Problems []string

@@ -31,8 +31,10 @@ func (t EventType) Final() bool {
 	return false
 }
 
-// Event is a lifecycle event (schema lifecycle-event.v1), published on
-// <prefix>.events.<job_id>.
+// Event is a lifecycle event (schema lifecycle-event.v2, or v1 without
+// the tenant, published on <prefix>.events.<job_id>). In v2, heartbeat and
+// log events are published on <prefix>.t.<tenant>.ev.<pool>.<job_id>, and
+// the others stand for versions of the job's record (see EventsOf).
 type Event struct {
 	JobID string `json:"job_id"`
 	// Tenant owns the job (v2).

@@ -310,6 +310,39 @@ func FuzzDecodeResult(f *testing.F) {
 	})
 }
 
+// FuzzDecodeRecord feeds arbitrary documents to the record decoder, as
+// tenants read <prefix>.t.<tenant>.job.<pool>.<kind>.<id>.
+func FuzzDecodeRecord(f *testing.F) {
+	for _, b := range fixtures(f, "record-v2") {
+		f.Add(b)
+	}
+	for _, r := range sampleRecords() {
+		f.Add(mustJSONF(f, r))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := job.DecodeRecord(data)
+		if err != nil {
+			return
+		}
+		if !json.Valid(data) {
+			t.Fatalf("accepted a document that is not JSON: %q", data)
+		}
+		if err := r.Validate(); err != nil {
+			t.Fatalf("decoded record does not validate: %v", err)
+		}
+		if r.State.Final() != (r.Result != nil) || (r.Request != nil && r.State != job.StateQueued) ||
+			(r.Secrets != "" && r.Request == nil) || !job.ValidTenant(r.Tenant) || !job.ValidID(r.ID) {
+			t.Fatalf("decoded record breaks the contract: %+v", r)
+		}
+		for _, e := range job.EventsOf(r) {
+			if err := e.Validate(); err != nil {
+				t.Fatalf("an event of a valid record does not validate: %v", err)
+			}
+		}
+		checkFixpoint(t, r, job.DecodeRecord)
+	})
+}
+
 // FuzzDecodeHeartbeat feeds arbitrary documents to the heartbeat decoder,
 // as the dispatcher reads workers' capacity from Redis.
 func FuzzDecodeHeartbeat(f *testing.F) {

@@ -60,3 +60,28 @@ func sampleUsage() *job.Usage {
 	return &job.Usage{ObservedAt: t0, CPUPercent: &cpu, MemoryBytes: &n, MemoryLimitBytes: &n, NetRxBytes: &n, NetTxBytes: &n,
 		BlockReadBytes: &n, BlockWriteBytes: &n, Pids: &n}
 }
+
+// sampleRecords are two versions of a job's record, the first that queues
+// it and a final one, which together set every field: no one version has
+// them all (a request and a result).
+func sampleRecords() []*job.Record {
+	res := sampleResult()
+	code := 3
+	queued := &job.Record{
+		ID: "j1", Tenant: "acme", Pool: "default", Priority: 2, State: job.StateQueued, Event: job.EventQueued,
+		Message: "starts not before", MaxAttempts: 3, SubmittedAt: t0, UpdatedAt: t0, NextAttemptAt: &t0,
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", RunID: "r", NodeID: "n", Labels: map[string]string{"team": "a"},
+		Request: &job.Request{ID: "j1", Pool: "default", Priority: 2, Command: []string{"true"}, Env: map[string]string{"A": ""}},
+		Secrets: "seal-1:AAAA",
+	}
+	final := &job.Record{
+		ID: "j1", Tenant: "acme", Pool: "default", Priority: 2, State: job.StateFailed, Event: job.EventFailed,
+		Phase: "p", Message: "m", Attempt: 2, MaxAttempts: 3, WorkerID: "w1", Backend: "docker",
+		SubmittedAt: t0, UpdatedAt: t0, StartedAt: &t0, FinishedAt: &t0, NextAttemptAt: &t0,
+		Failure: res.Failure, ExitCode: &code, CancelRequested: true, Handbacks: 1, SubmitSeq: 7,
+		AwaitingSince: &t0, Adoptions: 1, MemoryOverride: "512Mi", TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
+		RunID: "r", NodeID: "n", Labels: map[string]string{"team": "a"}, History: res.History,
+		Result: res, DeadLettered: true,
+	}
+	return []*job.Record{queued, final}
+}

@@ -5,12 +5,24 @@ package schemas
 
 import "embed"
 
-// Names of the schema files.
+// Names of the schema files of contract v1.
 const (
 	ExecutionRequest  = "execution-request.v1.json"
 	LifecycleEvent    = "lifecycle-event.v1.json"
 	Result            = "result.v1.json"
 	CapacityHeartbeat = "capacity-heartbeat.v1.json"
+)
+
+// Names of the schema files of contract v2. Results are unchanged in v2:
+// Result.
+const (
+	// ExecutionRequestV2 is the v1 request with a priority.
+	ExecutionRequestV2 = "execution-request.v2.json"
+	// LifecycleEventV2 is the v1 event with the job's tenant.
+	LifecycleEventV2 = "lifecycle-event.v2.json"
+	// JobRecordV2 is a version of a job's record, as its pool's stream
+	// keeps it (job.Record).
+	JobRecordV2 = "job-record.v2.json"
 )
 
 // BaseURL is the prefix of every schema's $id.
