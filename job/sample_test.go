@@ -47,7 +47,7 @@ func sampleHeartbeat() *job.Heartbeat {
 		CPUMilli:    job.Amount{Total: &total, Reserved: 1000, Available: &avail},
 		MemoryBytes: job.Amount{Reserved: 5},
 		GPUs:        job.GPUs{Total: 1},
-		Running:     []job.RunningAttempt{{JobID: "j", Attempt: 1, StartedAt: t0, CPUMilli: 1000, MemoryBytes: 5, GPUs: 1, Usage: sampleUsage()}},
+		Running:     []job.RunningAttempt{{JobID: "j", Tenant: "team-a", Attempt: 1, StartedAt: t0, CPUMilli: 1000, MemoryBytes: 5, GPUs: 1, Usage: sampleUsage()}},
 		Host:        &job.Host{Hostname: "h", OS: "linux", Arch: "amd64", KernelVersion: "k", BackendVersion: "b", Cores: 2, Load1: 1, Load5: 1, Load15: 1, MemoryTotalBytes: 1, MemoryUsedBytes: 1},
 		Containers:  &job.ContainerCounts{Running: 1},
 		Inventory: &job.Inventory{GPUs: []job.GPUModel{{Model: "H100", Count: 2}}, PlacementKeys: []string{"zone"},
