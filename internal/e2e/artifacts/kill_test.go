@@ -67,7 +67,7 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	if partial >= size {
 		t.Fatalf("the upload was done (%d bytes stored) before the kill", partial)
 	}
-	lostKey := artifact.OutputKey(id, 1, "blob.bin")
+	lostKey := artifact.OutputKey(job.DefaultTenant, id, 1, "blob.bin")
 	if _, err := store.Stat(ctx, store.Artifacts(), lostKey); !errors.Is(err, artifact.ErrNotFound) {
 		t.Fatalf("the killed upload's object: %v, want none", err)
 	}
@@ -91,7 +91,7 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 		t.Fatalf("result %s after %d attempts, history %+v", r.Status, r.Attempts, r.History)
 	}
 	a := r.Artifacts["blob.bin"]
-	if a.Key != artifact.OutputKey(id, 2, "blob.bin") || a.Size != size || a.SHA256 != want {
+	if a.Key != artifact.OutputKey(job.DefaultTenant, id, 2, "blob.bin") || a.Size != size || a.SHA256 != want {
 		t.Fatalf("the second attempt's output: %+v, want %d bytes with SHA-256 %s", a, size, want)
 	}
 	o, err := f.Client.Output(ctx, id, "blob.bin")
