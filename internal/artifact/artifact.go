@@ -198,6 +198,19 @@ func chunkSubject(bucket, id string, n int) string {
 	return "$O." + bucket + ".C." + id + "." + strconv.Itoa(n)
 }
 
+// ChunkSubject is the subject of chunk n (from 0) of the object key of
+// bucket, as the fleet stores it: what an outside client direct-gets
+// ($JS.API.DIRECT.GET.OBJ_<bucket>.<subject>) to read an object without
+// its description. The id is a letter (L for a log, O for anything else)
+// and the first 32 hex digits of the SHA-256 of "<bucket>\x00<key>".
+func (s *Store) ChunkSubject(bucket, key string, n int) (string, error) {
+	tenant, err := s.owner(bucket, key)
+	if err != nil {
+		return "", err
+	}
+	return chunkSubject(bucket, chunkID(tenant, bucket, key), n), nil
+}
+
 // chunkFilter matches every chunk of an object: what its description
 // names as its nuid, after $O.<bucket>.C.
 func chunkFilter(bucket, id string) string { return "$O." + bucket + ".C." + id + ".*" }

@@ -157,7 +157,7 @@ func (s *Store) CheckInputRef(tenant, bucket, key string) error {
 	pool, owner, ok := s.names.BucketOwner(bucket)
 	switch {
 	case !ok:
-		return fmt.Errorf("bucket %q is not one of the fleet's (%s, or a pool's %s)", bucket,
+		return fmt.Errorf("bucket %q is not one of the fleet's buckets (%s, or a pool's %s)", bucket,
 			s.UploadsOf(tenant), s.names.ArtifactsBucket("<pool>"))
 	case pool == "" && owner != tenant:
 		return fmt.Errorf("bucket %s is tenant %s's: a job of tenant %s reads its own tenant's uploads (%s)", bucket, owner, tenant, s.UploadsOf(tenant))

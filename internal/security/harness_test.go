@@ -39,11 +39,20 @@ func shipped(t testing.TB, name string) string {
 // Role names, as in deploy/nats/fleet.conf.
 const (
 	roleDispatcher = "dispatcher"
-	roleProducer   = "producer"
+	roleOperator   = "operator"
+	// roleProducer is the producer of the default tenant.
+	roleProducer = "producer-default"
 )
 
 // roleWorker names the worker role of a pool.
 func roleWorker(pool string) string { return "worker-" + pool }
+
+// roleTenant names the producer role of a tenant.
+func roleTenant(tenant string) string { return "producer-" + tenant }
+
+// shippedRoles are the users of the shipped fleet.conf: a key for each
+// must be set before the server starts.
+var shippedRoles = []string{roleDispatcher, roleOperator, roleProducer, roleWorker("default")}
 
 // envName is the variable holding a role's public key, as gen-nkeys.sh and
 // fleet.conf name it.
@@ -288,10 +297,14 @@ func connectAs(t testing.TB, url string, k keys, role string) *conn {
 }
 
 // inboxPrefix is the prefix of a role's reply subjects, as fleet.conf
-// allows them: _INBOX.dispatcher, _INBOX.producer, _INBOX.worker.<pool>.
+// allows them: _INBOX.dispatcher, _INBOX.operator,
+// _INBOX.producer.<tenant>, _INBOX.worker.<pool>.
 func inboxPrefix(role string) string {
 	if pool, ok := strings.CutPrefix(role, "worker-"); ok {
 		return "_INBOX.worker." + pool
+	}
+	if tenant, ok := strings.CutPrefix(role, "producer-"); ok {
+		return "_INBOX.producer." + tenant
 	}
 	return "_INBOX." + role
 }
