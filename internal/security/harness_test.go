@@ -90,7 +90,8 @@ func makeKeys(t testing.TB, roles ...string) keys {
 // natsServer is an in-process server started from a configuration file.
 type natsServer struct {
 	*server.Server
-	log *serverLog
+	log  *serverLog
+	conf string // the configuration file it runs
 }
 
 // startServer starts a server from a configuration file, on a free
@@ -115,13 +116,13 @@ func startServer(t testing.TB, conf string, tweak ...func(*server.Options)) *nat
 		t.Fatalf("nats server: %v", err)
 	}
 	l := &serverLog{}
-	s.SetLogger(l, false, false)
+	s.SetLogger(l, false, opts.Trace)
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		t.Fatal("nats server did not start")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return &natsServer{Server: s, log: l}
+	return &natsServer{Server: s, log: l, conf: conf}
 }
 
 // streamMsgs counts the messages of a stream of the FLEET account, read on
@@ -149,13 +150,24 @@ func (s *natsServer) url() string { return s.ClientURL() }
 type serverLog struct {
 	mu     sync.Mutex
 	errors []string
+	// ops are the publishes and subscriptions the server traced, with
+	// Trace on: what each client did.
+	ops []string
 }
 
 func (l *serverLog) Noticef(string, ...any) {}
 func (l *serverLog) Warnf(string, ...any)   {}
 func (l *serverLog) Fatalf(string, ...any)  {}
 func (l *serverLog) Debugf(string, ...any)  {}
-func (l *serverLog) Tracef(string, ...any)  {}
+func (l *serverLog) Tracef(format string, v ...any) {
+	line := fmt.Sprintf(format, v...)
+	if !strings.Contains(line, "<<- [PUB ") && !strings.Contains(line, "<<- [HPUB ") && !strings.Contains(line, "<<- [SUB ") {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ops = append(l.ops, line)
+}
 func (l *serverLog) Errorf(format string, v ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
