@@ -154,6 +154,9 @@ func (n Names) PoolQueued(pool string, p int) string {
 // PoolSubjects is what a pool's stream holds.
 func (n Names) PoolSubjects(pool string) string { return n.prefix() + ".p." + pool + ".>" }
 
+// AllPoolSubjects are the subjects of every pool's stream (v2).
+func (n Names) AllPoolSubjects() string { return n.prefix() + ".p.>" }
+
 // PoolStreamV2 is the stream of a pool's jobs and their states.
 func (n Names) PoolStreamV2(pool string) string { return n.stream("POOL_" + pool) }
 
