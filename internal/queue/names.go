@@ -185,7 +185,6 @@ func (n Names) ParseJobLive(subject string) (kind string, k JobKey, ok bool) {
 	return kind, JobKey{Tenant: tenant, Pool: pool, ID: id}, true
 }
 
-
 // JobNotices is the subject of a job's heartbeat and log events.
 func (n Names) JobNotices(tenant, pool, id string) string {
 	return n.prefix() + ".t." + tenant + ".ev." + pool + "." + id
