@@ -236,6 +236,17 @@ func (b *browser) text(t *testing.T, sel string) string {
 	return eval[string](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.textContent.trim():""})()`, sel))
 }
 
+// click clicks the first node matching sel from inside the page, once
+// it is there. The live pages redraw parts of themselves as updates
+// arrive, so a node found by the protocol may be gone by the time a
+// protocol click reaches it; a click in the page cannot miss that way.
+func (b *browser) click(t *testing.T, sel string) {
+	t.Helper()
+	waitFor(t, "a "+sel+" to click", 10*time.Second, func() bool {
+		return eval[bool](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);if(!e)return false;e.click();return true})()`, sel))
+	})
+}
+
 func (b *browser) location(t *testing.T) string {
 	t.Helper()
 	return eval[string](t, b, `location.href`)
@@ -360,7 +371,7 @@ func TestConsoleCancelsARunningJob(t *testing.T) {
 	}
 	start := time.Now()
 	eval[bool](t, b, `window.confirm = function () { return true }; true`) // the cancel button asks first
-	b.do(t, chromedp.Click(chromedp.ID("cancel")))
+	b.click(t, "#cancel")
 	waitFor(t, "cancelled on the page", 15*time.Second, func() bool { return b.exists(t, "h1 .s-cancelled") })
 	r := s.f.Await(t, id, 10*time.Second)
 	if r.Status != job.StatusCancelled {
@@ -388,7 +399,7 @@ func TestConsoleRetriesADeadLetter(t *testing.T) {
 	if !strings.Contains(b.text(t, dl), "execution/exit_code") {
 		t.Errorf("the dead letter's failure is not shown: %q", b.text(t, dl))
 	}
-	b.do(t, chromedp.Click(chromedp.CSS(`button[data-retry="default/default/`+id+`"]`)))
+	b.click(t, `button[data-retry="default/default/`+id+`"]`)
 	want := job.RetryID(id, 1)
 	waitFor(t, "the retry's page", 10*time.Second, func() bool {
 		return strings.HasSuffix(strings.SplitN(b.location(t), "?", 2)[0], jobPage("default", "default", want))

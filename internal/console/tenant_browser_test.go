@@ -88,7 +88,8 @@ func TestConsoleFiltersByTenantAndShowsAnotherTenantsJob(t *testing.T) {
 
 	// acme's job: its page, from its row.
 	b.open(t, s.url("/ui/jobs?tenant=acme"))
-	b.do(t, chromedp.Click(chromedp.CSS(row("acme", "default", id)+" td.id a")), chromedp.WaitVisible(chromedp.ID("tenant")))
+	b.click(t, row("acme", "default", id)+" td.id a")
+	b.do(t, chromedp.WaitVisible(chromedp.ID("tenant")))
 	if loc := strings.SplitN(b.location(t), "?", 2)[0]; !strings.HasSuffix(loc, jobPage("acme", "default", id)) {
 		t.Errorf("acme's row leads to %s", loc)
 	}
@@ -120,7 +121,7 @@ func TestConsoleFiltersByTenantAndShowsAnotherTenantsJob(t *testing.T) {
 	b.open(t, s.url(jobPage("acme", "default", sleepy)))
 	waitFor(t, "running on the page", 10*time.Second, func() bool { return b.exists(t, "h1 .s-running") })
 	eval[bool](t, b, `window.confirm = function () { return true }; true`)
-	b.do(t, chromedp.Click(chromedp.ID("cancel")))
+	b.click(t, "#cancel")
 	waitFor(t, "cancelled on the page", 15*time.Second, func() bool { return b.exists(t, "h1 .s-cancelled") })
 	if r := awaitAs(t, acme, sleepy, 10*time.Second); r.Status != job.StatusCancelled {
 		t.Errorf("acme's sleepy job ended %s", r.Status)
@@ -137,7 +138,7 @@ func TestConsoleFiltersByTenantAndShowsAnotherTenantsJob(t *testing.T) {
 	if got := b.text(t, dl+" td.tenant"); got != "acme" {
 		t.Errorf("the dead letter's tenant: %q", got)
 	}
-	b.do(t, chromedp.Click(chromedp.CSS(`button[data-retry="acme/default/`+doomed+`"]`)))
+	b.click(t, `button[data-retry="acme/default/`+doomed+`"]`)
 	want := job.RetryID(doomed, 1)
 	waitFor(t, "the retry's page", 10*time.Second, func() bool {
 		return strings.HasSuffix(strings.SplitN(b.location(t), "?", 2)[0], jobPage("acme", "default", want))
