@@ -183,6 +183,11 @@ type Status = job.StatusReply
 // ErrNotFound means the fleet knows no job with that id.
 var ErrNotFound = queue.ErrNotFound
 
+// ErrUnavailable is a request a dispatcher could not carry out for a
+// while (NATS electing a leader, a server lost): sending it again may
+// work. Result and Events ride through it.
+var ErrUnavailable = errors.New("the fleet cannot answer now")
+
 // Status asks the fleet for a job's record and, once it has one, its
 // result.
 func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
@@ -201,6 +206,27 @@ func (c *Client) History(ctx context.Context, id string) (*job.HistoryReply, err
 		return nil, err
 	}
 	return &h, nil
+}
+
+// historyThrough is History, asked again while the fleet cannot answer
+// for a while (a NATS server lost, a leader elected).
+func (c *Client) historyThrough(ctx context.Context, id string) (*job.HistoryReply, error) {
+	wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
+	for {
+		h, err := c.History(ctx, id)
+		if err == nil || !retryable(ctx, err) {
+			return h, err
+		}
+		next := wait.NextBackOff()
+		if next == backoff.Stop {
+			return nil, err
+		}
+		select {
+		case <-time.After(next):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
 }
 
 // request sends one of the tenant's requests about job id to the
@@ -226,8 +252,11 @@ func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	}
 	var e job.ErrorReply
 	if json.Unmarshal(m.Data, &e) == nil && e.Error != "" {
-		if e.NotFound {
+		switch {
+		case e.NotFound:
 			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		case e.Retry:
+			return fmt.Errorf("%s %s: %w: %s", verb, id, ErrUnavailable, e.Error)
 		}
 		return fmt.Errorf("%s %s: %s", verb, id, e.Error)
 	}
@@ -284,7 +313,7 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 // retryable reports an error that a NATS cluster electing a leader or
 // losing a server causes, while ctx still runs.
 func retryable(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+	return ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled))
 }
@@ -317,7 +346,7 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			}
 			subs = append(subs, s)
 		}
-		h, err := c.History(ctx, id)
+		h, err := c.historyThrough(ctx, id)
 		if err != nil {
 			yield(nil, fmt.Errorf("watch %s: %w", id, err))
 			return

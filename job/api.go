@@ -93,6 +93,9 @@ func (r *Record) NeedsResult() bool { return r.State.Final() || r.State == State
 type ErrorReply struct {
 	Error    string `json:"error"`
 	NotFound bool   `json:"not_found,omitempty"`
+	// Retry says the request failed for a while only (NATS electing a
+	// leader, a server lost): the same request may be sent again.
+	Retry bool `json:"retry,omitempty"`
 }
 
 // DeadLetter is a request whose job ended failed or timed out, as the

@@ -5,10 +5,11 @@
 #
 #   1. Production-like, one NATS server: a separate nats-server process with
 #      file storage, a redis-server, a dispatcher (admission on, the console
-#      on), one noop worker with 64 slots. JOBS no-op jobs submitted on
-#      fleet.submit.direct as fast as possible, results read on
-#      fleet.results.>; then the same on fleet.submit (fire and forget,
-#      kept by the submit stream); then jobs paced at 1,000/s, for latency.
+#      on, contract v1 off as in the production profiles), one noop worker
+#      with 64 slots. JOBS no-op jobs submitted on fleet.t.default.submit as
+#      fast as possible, results read on fleet.t.default.job.*.r.>; then the
+#      same on fleet.t.default.intake (fire and forget, kept by the intake
+#      stream); then jobs paced at 1,000/s, for latency.
 #      Each ROUNDS times, alternating with
 #   2. asynq v0.26 enqueuing and processing the same number of no-op tasks
 #      on the same redis-server, with 64 workers (bench/asynq), and the
@@ -90,7 +91,7 @@ nats() {
 
 # dispatcher [flags...]: sets dpid, waits until it answers.
 dispatcher() {
-	"$bin/dispatcher" --data-dir "$base/dispatcher" "$@" >>"$base/dispatcher.log" 2>&1 &
+	"$bin/dispatcher" --data-dir "$base/dispatcher" --v1=false "$@" >>"$base/dispatcher.log" 2>&1 &
 	dpid=$!
 	pids+=($dpid)
 	for _ in $(seq 300); do
@@ -152,7 +153,7 @@ printf '%s\n' "${loop_ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END {
 	printf "fleet / loop, the median of %d rounds: %.2fx\n", NR, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
 }'
 
-say "the same, fire and forget on fleet.submit (kept by the submit stream)"
+say "the same, fire and forget on fleet.t.default.intake (kept by the intake stream)"
 bench --jobs "$jobs" --stored --pids "$npid,$dpid,$wpid" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.0f jobs/s, %.0f µs of CPU per job" % (r["jobs_per_second"], r.get("cpu_per_job_us", 0)))'
 
 say "paced at 1,000 jobs/s, 5,000 jobs: latency"

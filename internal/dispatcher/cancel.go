@@ -190,7 +190,7 @@ func (d *Dispatcher) replyOf(v any, err error, verb, subject string) ([]byte, er
 		return json.Marshal(&job.ErrorReply{Error: err.Error()})
 	case err != nil:
 		d.log.Warn(verb+" failed", "subject", subject, "err", err)
-		return json.Marshal(&job.ErrorReply{Error: verb + " failed; try again"})
+		return json.Marshal(&job.ErrorReply{Error: verb + " failed; try again", Retry: true})
 	}
 	return json.Marshal(v)
 }

@@ -68,7 +68,7 @@ func (d *Dispatcher) onPool(m *nats.Msg) {
 			return json.Marshal(&job.ErrorReply{Error: err.Error()})
 		case err != nil:
 			d.log.Warn("pool request failed", "subject", m.Subject, "err", err)
-			return json.Marshal(&job.ErrorReply{Error: "the fleet cannot answer now; try again"})
+			return json.Marshal(&job.ErrorReply{Error: "the fleet cannot answer now; try again", Retry: true})
 		}
 		return json.Marshal(s)
 	})

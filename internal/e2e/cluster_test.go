@@ -152,7 +152,7 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 	}
 }
 
-// The node that leads the dispatchers' consumer of the submit stream dies,
+// The node that leads the dispatchers' consumer of the intake stream dies,
 // with the pull requests the dispatchers left there. Submissions the stream
 // takes after it (core publishes with ids, as a fire-and-forget producer
 // sends them) run within seconds, and no process exits.
@@ -172,7 +172,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	w := fleettest.StartProc(t, "worker", env, "--id", "cw", "--slots", "4")
 	w.WaitOutput(t, "worker started", 30*time.Second)
 
-	victim := c.ConsumerLeader("FLEET_SUBMIT", "dispatcher")
+	victim := c.ConsumerLeader("FLEET_INTAKE", "dispatcher")
 	if victim < 0 {
 		t.Fatal("the dispatchers' consumer has no leader")
 	}
@@ -180,9 +180,9 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	c.Kill(victim)
 	killed := time.Now()
 	c.WaitReady(t, 30*time.Second)
-	// Until the submit stream has a leader, what is published to it is
+	// Until the intake stream has a leader, what is published to it is
 	// not stored; until then its info is not answered either.
-	c.WaitStreamLeader(t, "FLEET_SUBMIT", 30*time.Second)
+	c.WaitStreamLeader(t, "FLEET_INTAKE", 30*time.Second)
 
 	nc := c.Connect(t)
 	cl, err := client.New(nc)
@@ -201,7 +201,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 			// Each request with a deadline of its own: one sent in an
 			// election is dropped, not answered.
 			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-			s, err := js.Stream(rctx, "FLEET_SUBMIT")
+			s, err := js.Stream(rctx, "FLEET_INTAKE")
 			rcancel()
 			if err == nil {
 				return s.CachedInfo().State.LastSeq
@@ -216,7 +216,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	for i := range 5 {
 		r := clusterJob(fmt.Sprintf("after-intake-kill-%d", i), "0")
 		body, _ := json.Marshal(r)
-		if err := nc.Publish("fleet.submit", body); err != nil {
+		if err := nc.Publish("fleet.t.default.intake", body); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, r.ID)
@@ -225,10 +225,10 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stored: otherwise, not the dispatchers' doing (see README.md on
-	// submitting while the submit stream elects a leader).
+	// submitting while the intake stream elects a leader).
 	for stored := uint64(0); stored < 5; stored = lastSeq() - before {
 		if ctx.Err() != nil {
-			t.Fatalf("the submit stream took %d of 5 submissions", stored)
+			t.Fatalf("the intake stream took %d of 5 submissions", stored)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

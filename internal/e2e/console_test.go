@@ -83,7 +83,7 @@ func TestDispatcherServesTheConsole(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		code, page := get("/ui/jobs")
-		if code == http.StatusOK && strings.Contains(page, `id="job-`+id+`"`) {
+		if code == http.StatusOK && strings.Contains(page, `id="job-default.default.`+id+`"`) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -91,7 +91,7 @@ func TestDispatcherServesTheConsole(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	code, page := get("/ui/jobs/" + id)
+	code, page := get("/ui/jobs/default/default/" + id)
 	if code != http.StatusOK || strings.Contains(page, `id="cancel"`) || !strings.Contains(page, "read-only") {
 		t.Errorf("the read-only job page: %d, a cancel button or no read-only mark", code)
 	}
@@ -103,7 +103,7 @@ func TestDispatcherServesTheConsole(t *testing.T) {
 	if csrf != nil {
 		form.Set("csrf", csrf[1])
 	}
-	req, _ := http.NewRequest(http.MethodPost, base+"/ui/jobs/"+id+"/cancel", strings.NewReader(form.Encode()))
+	req, _ := http.NewRequest(http.MethodPost, base+"/ui/jobs/default/default/"+id+"/cancel", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.AddCookie(session)
 	if resp, err = noRedirect.Do(req); err != nil {
