@@ -1,0 +1,81 @@
+package worker
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/fleet-dev/fleet/job"
+)
+
+// metrics are the worker's instruments, with their attribute sets built
+// once: building a set per measurement costs more than the measurement.
+type metrics struct {
+	started   metric.Int64Counter
+	adopted   metric.Int64Counter
+	handedOff metric.Int64Counter
+	finished  metric.Int64Counter
+	retries   metric.Int64Counter
+	duration  metric.Float64Histogram
+	wait      metric.Float64Histogram
+	poolAttrs metric.MeasurementOption
+	status    map[job.Status]metric.MeasurementOption
+	class     map[job.FailureClass]metric.MeasurementOption
+}
+
+func (x *metrics) byStatus(s job.Status) metric.MeasurementOption {
+	if o, ok := x.status[s]; ok {
+		return o
+	}
+	return x.poolAttrs
+}
+
+func (x *metrics) byClass(c job.FailureClass) metric.MeasurementOption {
+	if o, ok := x.class[c]; ok {
+		return o
+	}
+	return x.poolAttrs
+}
+
+func newMetrics(m metric.Meter, w *Worker) metrics {
+	pool := attribute.String("pool", w.cfg.Pool)
+	x := metrics{
+		poolAttrs: metric.WithAttributeSet(attribute.NewSet(pool)),
+		status:    map[job.Status]metric.MeasurementOption{},
+		class:     map[job.FailureClass]metric.MeasurementOption{},
+	}
+	for _, s := range []job.Status{job.StatusSucceeded, job.StatusFailed, job.StatusTimedOut, job.StatusCancelled} {
+		x.status[s] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("status", string(s))))
+	}
+	for _, c := range []job.FailureClass{job.ClassExecution, job.ClassTimeout, job.ClassOOM, job.ClassImage,
+		job.ClassInfrastructure, job.ClassCancelled, job.ClassRejected} {
+		x.class[c] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("class", string(c))))
+	}
+	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
+	x.adopted, _ = m.Int64Counter("fleet.worker.attempts.adopted", metric.WithDescription("Attempts that outlived their worker and were adopted"))
+	x.handedOff, _ = m.Int64Counter("fleet.worker.attempts.handed_off", metric.WithDescription("Attempts left running for another worker to adopt, by a worker stopping with --handoff"))
+	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
+	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
+	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),
+		metric.WithDescription("Run time of attempts"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
+	x.wait, _ = m.Float64Histogram("fleet.worker.queue.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time from submission to the start of the first attempt"),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300))
+	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
+	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
+	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))
+	paused, _ := m.Int64ObservableGauge("fleet.worker.pool.paused", metric.WithDescription("1 while the worker's pool is paused, as the worker last read it"))
+	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
+		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
+		p := int64(0)
+		if w.pause.paused() {
+			p = 1
+		}
+		o.ObserveInt64(paused, p, x.poolAttrs)
+		return nil
+	}, slotsGauge, paused)
+	return x
+}
