@@ -25,7 +25,7 @@ trap cleanup EXIT
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "starting the dispatcher (embedded NATS + Redis-protocol store, data in $data)"
-"$bin/dispatcher" --embedded --log-format text >"$data/dispatcher.log" 2>&1 &
+"$bin/dispatcher" --embedded --v1=false --log-format text >"$data/dispatcher.log" 2>&1 &
 pids+=($!)
 # Ready when fleetctl can reach it and finds no such job (exit code 3).
 ready=0
@@ -89,8 +89,8 @@ if command -v curl >/dev/null; then
 	say "the console lists them: http://$FLEET_HTTP_ADDR/ui/jobs"
 	page=$(curl -fsS "http://$FLEET_HTTP_ADDR/ui/jobs" || true)
 	for id in "${ids[@]}"; do
-		if grep -q "id=\"job-$id\"" <<<"$page"; then
-			echo "  $id: $(grep -A3 "id=\"job-$id\"" <<<"$page" | grep -o 'data-state="[a-z_]*"' | head -1)"
+		if grep -q "id=\"job-default.default.$id\"" <<<"$page"; then
+			echo "  $id: $(grep -A3 "id=\"job-default.default.$id\"" <<<"$page" | grep -o 'data-state="[a-z_]*"' | head -1)"
 		else
 			echo "demo: $id is not on the console's jobs page" >&2
 			status=1
