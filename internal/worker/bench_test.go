@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -58,9 +57,12 @@ func BenchmarkPullRunPublish(b *testing.B) {
 	}
 }
 
-// BenchmarkEventPublish measures publishing one lifecycle event with its
-// de-duplication id and waiting for JetStream to store it, many at once.
-func BenchmarkEventPublish(b *testing.B) {
+// BenchmarkNoticePublish measures publishing one heartbeat event (a
+// notice, contract v2: a worker's heartbeats and log lines, captured by
+// the events stream) and waiting for JetStream to store it, many at once.
+// Workers publish notices without waiting; the wait here measures what
+// storing one costs.
+func BenchmarkNoticePublish(b *testing.B) {
 	f := fleettest.Start(b)
 	js, _ := jetstream.New(f.NATS.Connect(b), jetstream.WithPublishAsyncMaxPending(4096))
 	names := queue.Names{}
@@ -68,8 +70,12 @@ func BenchmarkEventPublish(b *testing.B) {
 	b.ResetTimer()
 	futures := make([]jetstream.PubAckFuture, 0, 1024)
 	for i := 0; i < b.N; i++ {
-		e := &job.Event{JobID: "bench", Attempt: 1, Type: job.EventStarted, Time: time.Now(), Pool: "default", WorkerID: "w"}
-		m, _ := names.EventMsg(e, i+1)
+		e := &job.Event{JobID: "bench", Tenant: job.DefaultTenant, Attempt: 1, Type: job.EventHeartbeat, Time: time.Now(),
+			Pool: "default", WorkerID: "w"}
+		m, err := names.NoticeMsg(e)
+		if err != nil {
+			b.Fatal(err)
+		}
 		fut, err := js.PublishMsgAsync(m)
 		if err != nil {
 			b.Fatal(err)
@@ -86,5 +92,4 @@ func BenchmarkEventPublish(b *testing.B) {
 			futures = futures[:0]
 		}
 	}
-	_ = context.Background
 }
