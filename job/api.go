@@ -89,10 +89,12 @@ func NewStatusReply(rec *Record, res *Result) *StatusReply {
 func (r *Record) NeedsResult() bool { return r.State.Final() || r.State == StateRunning }
 
 // ErrorReply is the answer to a request the fleet could not serve: the
-// reason, and whether the job does not exist.
+// reason, and whether the job (or schedule) does not exist, or, making a
+// schedule, already does.
 type ErrorReply struct {
 	Error    string `json:"error"`
 	NotFound bool   `json:"not_found,omitempty"`
+	Exists   bool   `json:"exists,omitempty"`
 }
 
 // DeadLetter is a request whose job ended failed or timed out, as the

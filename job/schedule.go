@@ -197,7 +197,8 @@ type ScheduleList struct {
 // DecodeSchedule decodes a schedule as a producer writes it, strictly:
 // unknown fields, trailing data and wrong types are errors, each naming
 // its field; the template is decoded as a request is (DecodeRequest), its
-// errors prefixed with "template". The fields the fleet sets (tenant
+// errors prefixed with "template"; a document without one has a nil
+// Template (an update keeps the schedule's). The fields the fleet sets (tenant
 // aside, which it checks) are ignored, so that a schedule shown can be
 // sent back changed. It does not validate values.
 func DecodeSchedule(data []byte, l Limits) (*Schedule, error) {
@@ -254,11 +255,10 @@ func DecodeSchedule(data []byte, l Limits) (*Schedule, error) {
 		}
 		s.End = &end
 	}
-	if len(doc.Template) == 0 || string(doc.Template) == "null" {
-		return nil, errors.New("invalid schedule: template: missing; give the request each firing submits")
-	}
-	if s.Template, err = DecodeRequest(doc.Template, l); err != nil {
-		return nil, fmt.Errorf("invalid schedule: template: %w", err)
+	if len(doc.Template) > 0 && string(doc.Template) != "null" {
+		if s.Template, err = DecodeRequest(doc.Template, l); err != nil {
+			return nil, fmt.Errorf("invalid schedule: template: %w", err)
+		}
 	}
 	return s, nil
 }

@@ -71,6 +71,7 @@ type flags struct {
 	console     bool
 	readOnly    bool
 	traceURL    string
+	schedLease  time.Duration
 }
 
 func run(args []string) error {
@@ -104,6 +105,8 @@ func run(args []string) error {
 	fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ on the HTTP address")
 	fs.BoolVar(&f.readOnly, "console-read-only", false, "the console shows everything but offers and accepts no cancel or retry")
 	fs.StringVar(&f.traceURL, "trace-url", "", "link trace ids in the console: a URL template with {trace_id}, e.g. https://jaeger.example/trace/{trace_id}")
+	fs.DurationVar(&f.schedLease, "schedule-lease", dispatcher.DefaultScheduleLease,
+		"how long the dispatcher that fires the schedules holds their lease unrenewed: when it dies, another fires them within this and a second")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
@@ -205,8 +208,9 @@ func run(args []string) error {
 	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore, V1: f.v1},
-		Limits: job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
-		Logger: log,
+		Limits:        job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
+		ScheduleLease: f.schedLease,
+		Logger:        log,
 	}
 	if admission != nil {
 		cfg.Admission = admission

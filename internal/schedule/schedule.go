@@ -134,9 +134,19 @@ func Validate(s *job.Schedule, l job.Limits) (*Spec, error) {
 		}
 	}
 	if len(problems) > 0 {
-		return nil, &job.ValidationError{Problems: problems}
+		return nil, &ValidationError{Problems: problems}
 	}
 	return spec, nil
+}
+
+// ValidationError lists every problem found in a schedule, each prefixed
+// by the field it concerns.
+type ValidationError struct {
+	Problems []string
+}
+
+func (e *ValidationError) Error() string {
+	return "invalid schedule: " + strings.Join(e.Problems, "; ")
 }
 
 func nameOr(n string) string {

@@ -152,7 +152,6 @@ func TestDecodeScheduleNamesTheField(t *testing.T) {
 		{`{"name":"n","every":2,"template":{"command":["true"]}}`, `every: duration must be a string`},
 		{`{"name":"n","catch_up_window":"soon","template":{"command":["true"]}}`, `catch_up_window: "soon" is not a duration`},
 		{`{"name":"n","every":"2s","end":"tomorrow","template":{"command":["true"]}}`, `end: must be an RFC 3339 time`},
-		{`{"name":"n","every":"2s"}`, `template: missing`},
 		{`{"name":"n","every":"2s","template":{"comand":["true"]}}`, `template: invalid request: json: unknown field "comand"`},
 		{`{"name":"n","every":"2s","template":{"timeout":"forever"}}`, `template: invalid request: timeout: "forever" is not a duration`},
 		{`[]`, `expected a JSON object`},
