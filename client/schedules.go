@@ -15,7 +15,16 @@ import (
 )
 
 // ErrScheduleExists means the tenant already has a schedule of that name.
-var ErrScheduleExists = errors.New("schedule exists")
+var ErrScheduleExists = errors.New("a schedule of that name exists")
+
+// ErrScheduleNotFound means the tenant has no schedule of that name; it is
+// an ErrNotFound too.
+var ErrScheduleNotFound error = notFound("no such schedule")
+
+type notFound string
+
+func (e notFound) Error() string        { return string(e) }
+func (e notFound) Is(target error) bool { return target == ErrNotFound }
 
 // ScheduleInfo is the fleet's answer about a schedule: the schedule
 // (without its template's secrets), what its firings did, and when it
@@ -25,8 +34,8 @@ type ScheduleInfo = job.ScheduleInfo
 // CreateSchedule makes a schedule of the client's tenant: from now on,
 // each firing of its cron expression or interval submits its template as
 // a job with the id <name>-<firing time> (see job.Schedule). A schedule
-// of that name is ErrScheduleExists; an invalid one an error naming the
-// field.
+// of that name is ErrScheduleExists; an invalid one a *RejectedError whose
+// reason names each field at fault.
 func (c *Client) CreateSchedule(ctx context.Context, s *job.Schedule) (*ScheduleInfo, error) {
 	data, err := json.Marshal(s)
 	if err != nil {
@@ -137,9 +146,11 @@ func (c *Client) scheduleRequest(ctx context.Context, verb, name string, body []
 	if json.Unmarshal(m.Data, &e) == nil && e.Error != "" {
 		switch {
 		case e.NotFound:
-			return fmt.Errorf("%s: %w: %s", what, ErrNotFound, e.Error)
+			return fmt.Errorf("%s: %w", what, ErrScheduleNotFound)
 		case e.Exists:
 			return fmt.Errorf("%s: %w", what, ErrScheduleExists)
+		case e.Invalid:
+			return &RejectedError{Reason: e.Error}
 		}
 		return fmt.Errorf("%s: %s", what, e.Error)
 	}

@@ -19,7 +19,17 @@ import (
 )
 
 // errExists is a schedule made under a name its tenant already uses.
-var errExists = errors.New("exists")
+var errExists = errors.New("a schedule of that name exists")
+
+// scheduleError is a schedule that is not there (queue.ErrNotFound), or is
+// there already (errExists).
+type scheduleError struct {
+	msg string
+	is  error
+}
+
+func (e scheduleError) Error() string        { return e.msg }
+func (e scheduleError) Is(target error) bool { return target == e.is }
 
 // invalidf is a request about a schedule that cannot be carried out as
 // asked (errInvalid), in words that need no prefix.
@@ -52,7 +62,7 @@ func (d *Dispatcher) CreateSchedule(ctx context.Context, tenant, name string, da
 	}
 	if _, err := d.schedules.Create(ctx, specKey(tenant, s.Name), stored); err != nil {
 		if conflict(err) {
-			return nil, fmt.Errorf("%w: schedule %s: update it, or delete it first", errExists, s.Name)
+			return nil, scheduleError{fmt.Sprintf("schedule %s exists: update it, or delete it first", s.Name), errExists}
 		}
 		return nil, fmt.Errorf("create schedule %s: %w", s.Name, err)
 	}
@@ -327,11 +337,11 @@ func (d *Dispatcher) readSchedule(ctx context.Context, tenant, name string) (*jo
 		return nil, 0, invalidf("%q is not a tenant", tenant)
 	}
 	if !job.ValidScheduleName(name) {
-		return nil, 0, fmt.Errorf("%w: %q is not a schedule name", queue.ErrNotFound, name)
+		return nil, 0, scheduleError{fmt.Sprintf("no schedule %q: not a schedule name", name), queue.ErrNotFound}
 	}
 	e, err := d.schedules.Get(ctx, specKey(tenant, name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, 0, fmt.Errorf("%w: schedule %s", queue.ErrNotFound, name)
+		return nil, 0, scheduleError{fmt.Sprintf("no schedule %s", name), queue.ErrNotFound}
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("read schedule %s: %w", name, err)
