@@ -77,9 +77,9 @@ type entry struct {
 }
 
 func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
-	s := &scheduler{d: d, kv: kv, log: d.log.With("component", "scheduler"), now: d.cfg.Now,
-		lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, d.log.With("component", "scheduler")),
-		m:     newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
+	log := d.cfg.Logger.With("component", "scheduler")
+	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
+		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
 		sema: make(chan struct{}, scheduleFiresAtOnce), entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
 	return s

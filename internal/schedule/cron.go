@@ -115,6 +115,9 @@ func parseField(s string, f field, index int) (uint64, error) {
 			if err != nil || n < 1 {
 				return 0, fmt.Errorf("step %q must be a positive number", stepText)
 			}
+			if n > f.max-f.min {
+				return 0, fmt.Errorf("step %d is over the field's range, %d-%d", n, f.min, f.max)
+			}
 			step = n
 		}
 		var lo, hi int

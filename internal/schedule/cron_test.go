@@ -63,6 +63,8 @@ func TestParseCronNamesTheFieldAtFault(t *testing.T) {
 		{"60 * * * * *", `second "60": 60 is out of 0-59`},
 		{"*/0 * * * *", `minute "*/0": step "0" must be a positive number`},
 		{"*/x * * * *", `step "x" must be a positive number`},
+		{"*/60 * * * *", `minute "*/60": step 60 is over the field's range, 0-59`},
+		{"0 0 1/31 * *", `day-of-month "1/31": step 31 is over the field's range, 1-31`},
 		{"5-1 * * * *", `minute "5-1": range 5-1 runs backwards`},
 		{"1,,2 * * * *", `an empty item in its list`},
 		{"* * * foo *", `month "foo": "foo" is neither a number nor a name of a month`},
