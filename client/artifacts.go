@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -10,7 +12,12 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -21,23 +28,59 @@ import (
 // back from the store. Everything streams: nothing here holds a file in
 // memory.
 
+// The client reads as a tenant's producer may under the fleet's NATS
+// roles (deploy/nats): the chunks of its own tenant's objects, never an
+// object's description. So an output is read by the reference its result
+// carries, and a log by its chunks until its attempt has ended.
 func (c *Client) artifacts() *artifact.Store {
-	c.once.Do(func() { c.arts = artifact.New(c.js, artifact.Config{Names: c.names}) })
+	c.once.Do(func() { c.arts = artifact.New(c.js, artifact.Config{Names: c.names, NoDescriptions: true}) })
 	return c.arts
 }
 
-// Upload stores what r yields in the fleet's uploads bucket under key,
-// replacing any object of that name, and returns the reference to put in
-// a request's input_refs: the worker checks the object against its digest
-// and size before the job sees it.
+// Upload stores what r yields in the tenant's uploads bucket
+// (<prefix>-uploads-<tenant>, which a dispatcher makes when asked) under
+// key, replacing any object of that name, and returns the reference to
+// put in a request's input_refs: the worker checks the object against its
+// digest and size before the job sees it.
 func (c *Client) Upload(ctx context.Context, key string, r io.Reader) (*job.InputRef, error) {
-	s := c.artifacts()
-	info, err := s.Put(ctx, s.Uploads(), key, r, artifact.PutOptions{ContentType: mime.TypeByExtension(path.Ext(key))})
+	bucket, err := c.uploadsBucket(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("upload: %w", err)
+	}
+	info, err := c.artifacts().Put(ctx, bucket, key, r, artifact.PutOptions{ContentType: mime.TypeByExtension(path.Ext(key))})
 	if err != nil {
 		return nil, fmt.Errorf("upload: %w", err)
 	}
 	ref := info.InputRef()
 	return &ref, nil
+}
+
+// uploadsBucket asks a dispatcher for the tenant's uploads bucket, which
+// it makes if need be, sending the request again while no dispatcher is
+// there to answer, until ctx ends (10 seconds without a deadline).
+func (c *Client) uploadsBucket(ctx context.Context) (string, error) {
+	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var m *nats.Msg
+	err := backoff.Retry(func() (err error) {
+		m, err = c.nc.RequestWithContext(ctx, c.names.UploadsRequest(c.tenant), nil)
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
+	if err != nil {
+		return "", fmt.Errorf("the uploads bucket of tenant %s: %w", c.tenant, err)
+	}
+	var e job.ErrorReply
+	if json.Unmarshal(m.Data, &e) == nil && e.Error != "" {
+		return "", fmt.Errorf("the uploads bucket of tenant %s: %s", c.tenant, e.Error)
+	}
+	var reply queue.UploadsReply
+	if err := json.Unmarshal(m.Data, &reply); err != nil || reply.Bucket == "" {
+		return "", fmt.Errorf("the uploads bucket of tenant %s: unreadable answer %q", c.tenant, m.Data)
+	}
+	return reply.Bucket, nil
 }
 
 // UploadFile uploads the file at name. An empty key stores it as
@@ -84,7 +127,7 @@ var (
 )
 
 // Output opens a declared output of a finished job: text carried in its
-// result, or an object stored in the artifacts bucket, checked against the
+// result, or an object stored in its pool's bucket, checked against the
 // digest and size the result names. ErrNotFound: no such job; ErrNoObject:
 // the job has no such output, or its object is gone.
 func (c *Client) Output(ctx context.Context, id, name string) (*Object, error) {

@@ -58,7 +58,10 @@ type LogInfo struct {
 
 var (
 	sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
-	bucketRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	// A bucket's name holds the subject prefix and a pool or a tenant
+	// (<prefix>-artifacts-<pool>, <prefix>-uploads-<tenant>): up to
+	// 32 + 16 + 64 characters.
+	bucketRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 )
 
 // MaxObjectKey bounds the length of an object key, in bytes.
@@ -116,7 +119,7 @@ func (v *validator) inputRefs(r *Request, l Limits) {
 			v.add("input_refs", "%q is also an inline input", truncate(name, 40))
 		}
 		if ref.Bucket != "" && !ValidBucket(ref.Bucket) {
-			v.add(field+".bucket", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(ref.Bucket, 40))
+			v.add(field+".bucket", "%q must be 1 to 128 characters of [A-Za-z0-9_-]", truncate(ref.Bucket, 40))
 		}
 		if err := CheckObjectKey(ref.Key); err != nil {
 			v.add(field+".key", "%v", err)
@@ -149,7 +152,7 @@ func sortedRefKeys(m map[string]InputRef) []string {
 // artifact checks an artifact reference of a result.
 func (v *validator) artifact(field string, a Artifact) {
 	if !ValidBucket(a.Bucket) {
-		v.add(field+".bucket", "%q must be 1 to 64 characters of [A-Za-z0-9_-]", truncate(a.Bucket, 40))
+		v.add(field+".bucket", "%q must be 1 to 128 characters of [A-Za-z0-9_-]", truncate(a.Bucket, 40))
 	}
 	if err := CheckObjectKey(a.Key); err != nil {
 		v.add(field+".key", "%v", err)

@@ -237,8 +237,8 @@ func run(args []string) error {
 	api.Handle("GET /metrics", tel.Metrics)
 	var cons *console.Console
 	if f.console {
-		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, Cancel: d.Cancel, Retry: d.RetryDeadLetter,
-			Lag:     d.Lag,
+		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, History: d.History, Status: d.Status,
+			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}
 		if auth != nil {

@@ -4,12 +4,17 @@
 #   deploy/nats/add-pool.sh POOL [CONF]       (CONF defaults to fleet.conf here)
 #
 # It copies the block of pool "default" (between "# BEGIN WORKER POOL
-# default" and "# END WORKER POOL default"), with the pool's consumer,
-# subjects and key variable in place of default's, above the
-# "# END WORKER POOLS" line. The new user reads its public key from
-# FLEET_NKEY_WORKER_<POOL> (upper case, "-" as "_"): generate it with
-# gen-nkeys.sh DIR POOL, then restart or reload the server (nats-server
-# --signal reload). Adding a pool that is already there changes nothing.
+# default" and "# END WORKER POOL default") with the pool's name in place of
+# default's (its stream FLEET_POOL_<pool>, consumer jobs-<pool>, subjects
+# fleet.p.<pool>.*, fleet.t.*.ev.<pool>.*, fleet.dlq.<pool>.*,
+# fleet.stop.<pool>.*, its bucket fleet-artifacts-<pool>, its inbox and its
+# key variable) above the "# END WORKER POOLS" line; and the lines that keep
+# the dispatcher and operators off the pool's consumer (the block "# BEGIN
+# POOL CONSUMERS default") above "# END POOL CONSUMERS". The new user reads
+# its public key from FLEET_NKEY_WORKER_<POOL> (upper case, "-" as "_"):
+# generate it with gen-nkeys.sh DIR POOL, then restart or reload the server
+# (nats-server --signal reload). Adding a pool that is already there changes
+# nothing.
 set -eu
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -32,28 +37,27 @@ if grep -q "^[[:space:]]*# BEGIN WORKER POOL $pool\$" "$conf"; then
 	echo "$0: pool $pool is already in $conf" >&2
 	exit 0
 fi
-grep -q '^[[:space:]]*# BEGIN WORKER POOL default$' "$conf" || {
-	echo "$0: $conf has no block of pool default to copy" >&2
-	exit 1
-}
-grep -q '^[[:space:]]*# END WORKER POOLS$' "$conf" || {
-	echo "$0: $conf has no \"# END WORKER POOLS\" line" >&2
-	exit 1
-}
+for marker in '# BEGIN WORKER POOL default' '# END WORKER POOLS' '# BEGIN POOL CONSUMERS default' '# END POOL CONSUMERS'; do
+	grep -q "^[[:space:]]*$marker\$" "$conf" || {
+		echo "$0: $conf has no \"$marker\" line" >&2
+		exit 1
+	}
+done
 
 var=$(printf '%s' "$pool" | tr 'a-z-' 'A-Z_')
-block=$(sed -n '/^[[:space:]]*# BEGIN WORKER POOL default$/,/^[[:space:]]*# END WORKER POOL default$/p' "$conf" |
-	sed -e "s/WORKER POOL default\$/WORKER POOL $pool/" \
-		-e "s/FLEET_NKEY_WORKER_DEFAULT\$/FLEET_NKEY_WORKER_$var/" \
-		-e "s/FLEET_JOBS_default/FLEET_JOBS_$pool/g" \
-		-e "s/\\.jobs-default\\./.jobs-$pool./g" \
-		-e "s/\\.jobs-default\"/.jobs-$pool\"/g" \
-		-e "s/fleet\\.jobs\\.default\"/fleet.jobs.$pool\"/g" \
-		-e "s/fleet\\.dlq\\.default\"/fleet.dlq.$pool\"/g" \
-		-e "s/\\\$KV\\.fleet-pools\\.default\"/\\\$KV.fleet-pools.$pool\"/g" \
-		-e "s/_INBOX\\.worker\\.default\\./_INBOX.worker.$pool./g")
+# copy BEGIN END: the lines from BEGIN to END, pool default's name replaced
+# by the new pool's (every "default" in the block is the pool's name).
+copy() {
+	sed -n "/^[[:space:]]*$1 default\$/,/^[[:space:]]*$2 default\$/p" "$conf" |
+		sed -e "s/FLEET_NKEY_WORKER_DEFAULT\$/FLEET_NKEY_WORKER_$var/" -e "s/default/$pool/g"
+}
+workers=$(copy '# BEGIN WORKER POOL' '# END WORKER POOL')
+consumers=$(copy '# BEGIN POOL CONSUMERS' '# END POOL CONSUMERS')
 
 tmp=$conf.tmp.$$
-awk -v block="$block" '/^[[:space:]]*# END WORKER POOLS$/ { print block } { print }' "$conf" >"$tmp"
+awk -v workers="$workers" -v consumers="$consumers" '
+	/^[[:space:]]*# END WORKER POOLS$/ { print workers }
+	/^[[:space:]]*# END POOL CONSUMERS$/ { print consumers }
+	{ print }' "$conf" >"$tmp"
 mv "$tmp" "$conf"
 echo "added pool $pool to $conf; its key: FLEET_NKEY_WORKER_$var" >&2

@@ -3,14 +3,16 @@
 # cache keyed by version:
 #   ${FLEET_TOOLS_CACHE:-/var/cache/fleet-tools}/bin/helm            helm v3.22.0
 #   ${FLEET_TOOLS_CACHE:-/var/cache/fleet-tools}/bin/docker-compose  Docker Compose v2.40.3
+#   ${FLEET_TOOLS_CACHE:-/var/cache/fleet-tools}/bin/nats            the nats CLI v0.5.0, the security
+#                                                                     tests' outside client
 #
-# Both come from the Go module proxy through the wrapper modules next to this
-# script (helm/ and compose/, each pinning its tool with a `tool` directive and
+# They come from the Go module proxy through the wrapper modules next to this
+# script (helm/, compose/ and natscli/, each pinning its tool with a `tool` directive and
 # a go.sum). They are separate modules: the main module never sees them.
 # Cold, each takes about 1.5 minutes on 2 cores; when a binary is present and
 # was built from the same inputs, nothing is rebuilt.
 #
-# Usage: hack/tools/build.sh [TOOL...]          TOOL: helm, docker-compose (default: both);
+# Usage: hack/tools/build.sh [TOOL...]          TOOL: helm, docker-compose, nats (default: all);
 #                                                prints the bin directory on stdout
 #        hack/tools/build.sh --check [TOOL...]  exit 0 if those tools are cached and current
 #        FLEET_TOOLS_REBUILD=1 hack/tools/build.sh   (ignore the cache)
@@ -18,6 +20,7 @@ set -euo pipefail
 
 HELM_VERSION=v3.22.0
 COMPOSE_VERSION=v2.40.3
+NATSCLI_VERSION=v0.5.0
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${FLEET_TOOLS_CACHE:-/var/cache/fleet-tools}"
@@ -30,8 +33,9 @@ module_dir() {
 	case "$1" in
 	helm) echo "$here/helm" ;;
 	docker-compose) echo "$here/compose" ;;
+	nats) echo "$here/natscli" ;;
 	*)
-		log "unknown tool $1 (helm, docker-compose)"
+		log "unknown tool $1 (helm, docker-compose, nats)"
 		exit 2
 		;;
 	esac
@@ -79,6 +83,14 @@ build_compose() {
 		-o "$out" github.com/docker/compose/v2/cmd)
 }
 
+build_nats() {
+	local out="$1" dir
+	dir="$(module_dir nats)"
+	log "building the nats CLI ${NATSCLI_VERSION} (about a minute cold)"
+	(cd "$dir" && go build -p 2 -trimpath -ldflags "-s -w -X main.version=${NATSCLI_VERSION}" \
+		-o "$out" github.com/nats-io/natscli/nats)
+}
+
 command -v go >/dev/null || {
 	log "go is not installed"
 	exit 1
@@ -90,7 +102,7 @@ if [[ "${1:-}" == --check ]]; then
 	shift
 fi
 tools=("$@")
-((${#tools[@]})) || tools=(helm docker-compose)
+((${#tools[@]})) || tools=(helm docker-compose nats)
 for t in "${tools[@]}"; do module_dir "$t" >/dev/null; done
 
 if ((check)); then
@@ -116,6 +128,7 @@ for t in "${tools[@]}"; do
 	case "$t" in
 	helm) build_helm "$work/$t" ;;
 	docker-compose) build_compose "$work/$t" ;;
+	nats) build_nats "$work/$t" ;;
 	esac
 	mv -f "$work/$t" "$bin_dir/$t"
 	rm -rf "$work"

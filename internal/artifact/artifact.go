@@ -3,26 +3,44 @@
 // inputs that producers upload and requests name by reference, and the
 // whole log of every attempt.
 //
-// Two buckets, set up by the dispatchers with the streams (see
-// queue.Config.ObjectStores): <prefix>-artifacts, which workers write
-// (outputs, logs) and producers read; <prefix>-uploads, which producers
-// write and workers read. Objects are stored in the object store's own
-// format (chunks on $O.<bucket>.C.<nuid>, then one meta message on
-// $O.<bucket>.M.<base64 name>), so `nats object get` reads them too; an
-// object is visible only once its meta message is stored, after its last
-// chunk, so an upload cut short (a worker SIGKILLed) leaves no partial
-// object: its chunks go with the bucket's TTL.
+// Buckets (contract v2, see queue's objects.go): one per pool,
+// <prefix>-artifacts-<pool>, which that pool's workers write (outputs,
+// logs) and nobody else; one per tenant, <prefix>-uploads-<tenant>, which
+// that tenant's producers write and workers read. An object is stored in
+// the object store's format, its chunks first, then one description (meta)
+// message on $O.<bucket>.M.<base64 name> that makes it visible; an upload
+// cut short (a worker SIGKILLed) leaves no object, and its chunks go with
+// the bucket's TTL.
+//
+// Chunks have subjects of their own, named by the object's tenant:
+//
+//	$O.<bucket>.C.<tenant>.<id>.<n>    chunk n (from 0) of an object
+//
+// where <id> is derived from the bucket and the key (a letter and 32 hex
+// digits of their SHA-256), and the description's nuid is
+// "<tenant>.<id>.*", so that `nats object get` (which reads
+// $O.<bucket>.C.<nuid>) reads them in order. This is what lets the NATS
+// roles scope reading by tenant: a tenant's producers may direct-get
+// $O.*.C.<tenant>.> and nothing else of any bucket, which gives them the
+// bytes of their own outputs, logs and uploads, one chunk per request,
+// and no description (a description's subject names the object by its
+// base64 name, which a permission cannot scope). So a reader that knows
+// an object's size and digest from its reference (a job's result names
+// its outputs so) reads it without its description (OpenRef); a log is
+// read chunk by chunk until its attempt has ended. Dispatchers, workers
+// and operators read descriptions too (Stat, Open).
 //
 // Every put streams: a bounded window of chunks is in flight, whatever the
-// size of the object, and its size and SHA-256 are computed on the way.
-// Every read checks the bytes against the digest, and a read through a
+// size of the object, and its size and SHA-256 are computed on the way;
+// a put first purges what an earlier put of the same name left. Every
+// read checks the bytes against the digest, and a read through a
 // reference also against the reference's digest and size.
 //
-// Keys:
+// Keys (the tenant is the job's, in a pool's bucket):
 //
-//	outputs/<job_id>/<attempt>/<output name>   an output stored as an object
-//	logs/<job_id>/<attempt>                    an attempt's log
-//	<anything>                                 an upload (uploads bucket)
+//	outputs/<tenant>/<job_id>/<attempt>/<output name>   an output stored as an object
+//	logs/<tenant>/<job_id>/<attempt>                    an attempt's log
+//	<anything>                                          an upload (a tenant's uploads bucket)
 package artifact
 
 import (
@@ -34,6 +52,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -77,6 +96,11 @@ type Config struct {
 	// Stall bounds the wait for one chunk's acknowledgement. Defaults to
 	// DefaultStall (30 seconds).
 	Stall time.Duration
+	// NoDescriptions is for a user that may not read objects'
+	// descriptions, a tenant's producer under the NATS roles of
+	// deploy/nats: outputs are read by their result's reference alone
+	// (OpenOutput), logs by their chunks (OpenLog).
+	NoDescriptions bool
 }
 
 // Store reads and writes the fleet's objects. It is safe for concurrent
@@ -105,20 +129,27 @@ func New(js jetstream.JetStream, cfg Config) *Store {
 	return &Store{js: js, nc: js.Conn(), names: cfg.Names, cfg: cfg}
 }
 
-// Artifacts is the bucket of outputs and logs.
-func (s *Store) Artifacts() string { return s.names.ArtifactsBucket() }
+// Artifacts is the bucket of outputs and logs of the default pool.
+func (s *Store) Artifacts() string { return s.names.ArtifactsBucket(job.DefaultPool) }
 
-// Uploads is the bucket of inputs uploaded by producers.
-func (s *Store) Uploads() string { return s.names.UploadsBucket() }
+// ArtifactsOf is the bucket of outputs and logs of a pool.
+func (s *Store) ArtifactsOf(pool string) string { return s.names.ArtifactsBucket(pool) }
 
-// OutputKey is the key of an output stored as an object.
-func OutputKey(jobID string, attempt int, name string) string {
-	return "outputs/" + jobID + "/" + strconv.Itoa(attempt) + "/" + name
+// Uploads is the bucket of inputs uploaded by the default tenant.
+func (s *Store) Uploads() string { return s.names.UploadsBucket(job.DefaultTenant) }
+
+// UploadsOf is the bucket of inputs uploaded by a tenant.
+func (s *Store) UploadsOf(tenant string) string { return s.names.UploadsBucket(tenant) }
+
+// OutputKey is the key of an output stored as an object, in its pool's
+// bucket.
+func OutputKey(tenant, jobID string, attempt int, name string) string {
+	return "outputs/" + tenant + "/" + jobID + "/" + strconv.Itoa(attempt) + "/" + name
 }
 
-// LogKey is the key of an attempt's log.
-func LogKey(jobID string, attempt int) string {
-	return "logs/" + jobID + "/" + strconv.Itoa(attempt)
+// LogKey is the key of an attempt's log, in its pool's bucket.
+func LogKey(tenant, jobID string, attempt int) string {
+	return "logs/" + tenant + "/" + jobID + "/" + strconv.Itoa(attempt)
 }
 
 // Info describes a stored object.
@@ -130,7 +161,7 @@ type Info struct {
 	SHA256      string
 	ContentType string
 	chunks      int
-	nuid        string
+	id          string // names its chunks (see chunkID)
 }
 
 // Artifact is i as a result's reference.
@@ -144,10 +175,63 @@ func (i *Info) InputRef() job.InputRef {
 	return job.InputRef{Bucket: i.Bucket, Key: i.Key, SHA256: i.SHA256, Size: &size}
 }
 
-func stream(bucket string) string             { return "OBJ_" + bucket }
-func chunkSubject(bucket, nuid string) string { return "$O." + bucket + ".C." + nuid }
+func stream(bucket string) string { return "OBJ_" + bucket }
 func metaSubject(bucket, key string) string {
 	return "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(key))
+}
+
+// chunkID names the chunks of an object: its tenant, then a letter (L for
+// a log, O for anything else) and 32 hex digits derived from its bucket
+// and key.
+func chunkID(tenant, bucket, key string) string {
+	sum := sha256.Sum256([]byte(bucket + "\x00" + key))
+	kind := "O"
+	if strings.HasPrefix(key, "logs/") {
+		kind = "L"
+	}
+	return tenant + "." + kind + hex.EncodeToString(sum[:16])
+}
+
+// chunkSubject is the subject of chunk n of the object whose chunks are
+// named id.
+func chunkSubject(bucket, id string, n int) string {
+	return "$O." + bucket + ".C." + id + "." + strconv.Itoa(n)
+}
+
+// ChunkSubject is the subject of chunk n (from 0) of the object key of
+// bucket, as the fleet stores it: what an outside client direct-gets
+// ($JS.API.DIRECT.GET.OBJ_<bucket>.<subject>) to read an object without
+// its description. The id is a letter (L for a log, O for anything else)
+// and the first 32 hex digits of the SHA-256 of "<bucket>\x00<key>".
+func (s *Store) ChunkSubject(bucket, key string, n int) (string, error) {
+	tenant, err := s.owner(bucket, key)
+	if err != nil {
+		return "", err
+	}
+	return chunkSubject(bucket, chunkID(tenant, bucket, key), n), nil
+}
+
+// chunkFilter matches every chunk of an object: what its description
+// names as its nuid, after $O.<bucket>.C.
+func chunkFilter(bucket, id string) string { return "$O." + bucket + ".C." + id + ".*" }
+
+// owner is the tenant an object belongs to: an uploads bucket's, or the
+// one a key of a pool's bucket names (outputs/<tenant>/... or
+// logs/<tenant>/...).
+func (s *Store) owner(bucket, key string) (string, error) {
+	pool, tenant, ok := s.names.BucketOwner(bucket)
+	switch {
+	case !ok:
+		return "", fmt.Errorf("bucket %q is not one of the fleet's (%s, %s)", bucket,
+			s.names.ArtifactsBucket("<pool>"), s.names.UploadsBucket("<tenant>"))
+	case pool == "":
+		return tenant, nil
+	}
+	parts := strings.SplitN(key, "/", 3)
+	if len(parts) == 3 && (parts[0] == "outputs" || parts[0] == "logs") && job.ValidTenant(parts[1]) {
+		return parts[1], nil
+	}
+	return "", fmt.Errorf("key %q of bucket %s: a pool's bucket holds outputs/<tenant>/... and logs/<tenant>/...", key, bucket)
 }
 
 // digestOf turns the object store's digest ("SHA-256=" and URL-safe
@@ -167,8 +251,9 @@ func objectDigest(sum []byte) string {
 
 // checkBucket refuses a bucket that is not one of the fleet's.
 func (s *Store) checkBucket(bucket string) error {
-	if bucket != s.Artifacts() && bucket != s.Uploads() {
-		return fmt.Errorf("bucket %q is not one of the fleet's (%s, %s)", bucket, s.Artifacts(), s.Uploads())
+	if _, _, ok := s.names.BucketOwner(bucket); !ok {
+		return fmt.Errorf("bucket %q is not one of the fleet's (%s, %s)", bucket,
+			s.names.ArtifactsBucket("<pool>"), s.names.UploadsBucket("<tenant>"))
 	}
 	return nil
 }
@@ -197,7 +282,11 @@ func (s *Store) Stat(ctx context.Context, bucket, key string) (*Info, error) {
 	if oi.Deleted {
 		return nil, fmt.Errorf("%s/%s: %w", bucket, key, ErrNotFound)
 	}
-	i := &Info{Bucket: bucket, Key: key, Size: int64(oi.Size), chunks: int(oi.Chunks), nuid: oi.NUID}
+	id, ok := strings.CutSuffix(oi.NUID, ".*")
+	if !ok {
+		return nil, fmt.Errorf("stat %s/%s: its chunks (nuid %q) are not named as the fleet names them: store it with the fleet (fleetctl upload)", bucket, key, oi.NUID)
+	}
+	i := &Info{Bucket: bucket, Key: key, Size: int64(oi.Size), chunks: int(oi.Chunks), id: id}
 	if oi.Headers != nil {
 		i.ContentType = oi.Headers.Get("Content-Type")
 	}
@@ -210,7 +299,7 @@ func (s *Store) Stat(ctx context.Context, bucket, key string) (*Info, error) {
 // directLast reads the last message on subject in stream with one direct
 // get (the object stores allow them), or nil when there is none. The
 // subject is in the request's subject, so that the NATS roles can allow
-// reading a bucket's descriptions and chunks one bucket at a time.
+// reading a bucket's descriptions and a tenant's chunks by subject.
 func (s *Store) directLast(ctx context.Context, stream, subject string) (*nats.Msg, error) {
 	var m *nats.Msg
 	err := queue.Retry(ctx, func(ctx context.Context) (err error) {
@@ -228,6 +317,22 @@ func (s *Store) directLast(ctx context.Context, stream, subject string) (*nats.M
 	default:
 		return nil, fmt.Errorf("%s %s", m.Header.Get("Status"), m.Header.Get("Description"))
 	}
+}
+
+// chunk reads chunk n of the object whose chunks are named id: nil when
+// it is not there.
+func (s *Store) chunk(ctx context.Context, bucket, id string, n int) ([]byte, error) {
+	m, err := s.directLast(ctx, stream(bucket), chunkSubject(bucket, id, n))
+	if err != nil {
+		return nil, fmt.Errorf("chunk %d: %w", n, err)
+	}
+	if m == nil {
+		return nil, nil
+	}
+	if m.Data == nil {
+		return []byte{}, nil
+	}
+	return m.Data, nil
 }
 
 // purge removes the messages of subject from bucket's stream, the chunks

@@ -1,6 +1,7 @@
 package artifact
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +11,11 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -62,6 +65,8 @@ func (l Limits) WithDefaults() Limits {
 // attempt and hands it to the executor (executor.Task.Artifacts).
 type Attempt struct {
 	s      *Store
+	tenant string
+	pool   string
 	jobID  string
 	n      int
 	req    *job.Request
@@ -76,6 +81,10 @@ type Attempt struct {
 
 // AttemptOptions configure an Attempt.
 type AttemptOptions struct {
+	// Tenant and Pool are the job's. Default to job.DefaultTenant and
+	// job.DefaultPool.
+	Tenant string
+	Pool   string
 	Limits Limits
 	// LogContext bounds the log's stores: the worker's, so that the lines
 	// of a cancelled attempt are kept.
@@ -90,7 +99,8 @@ func (s *Store) Attempt(jobID string, n int, req *job.Request, o AttemptOptions)
 	if o.LogContext == nil {
 		o.LogContext = context.Background()
 	}
-	return &Attempt{s: s, jobID: jobID, n: n, req: req, lim: o.Limits.WithDefaults(), logCtx: o.LogContext, purge: o.Rerun}
+	return &Attempt{s: s, tenant: cmp.Or(o.Tenant, job.DefaultTenant), pool: cmp.Or(o.Pool, job.DefaultPool),
+		jobID: jobID, n: n, req: req, lim: o.Limits.WithDefaults(), logCtx: o.LogContext, purge: o.Rerun}
 }
 
 // FetchInputs writes the request's inputs by reference into dir, each
@@ -106,11 +116,8 @@ func (a *Attempt) FetchInputs(ctx context.Context, dir string) error {
 	var total int64
 	for _, name := range names {
 		ref := a.req.InputRefs[name]
-		bucket := ref.Bucket
-		if bucket == "" {
-			bucket = a.s.Uploads()
-		}
-		if err := a.s.checkBucket(bucket); err != nil {
+		bucket := cmp.Or(ref.Bucket, a.s.UploadsOf(a.tenant))
+		if err := a.s.CheckInputRef(a.tenant, bucket, ref.Key); err != nil {
 			return job.Failf(job.ClassRejected, job.CodeInvalid, "input %s: %v", name, err)
 		}
 		if !job.ValidFileName(name) {
@@ -138,6 +145,28 @@ func (a *Attempt) FetchInputs(ctx context.Context, dir string) error {
 	return nil
 }
 
+// CheckInputRef refuses an input by reference that tenant may not use:
+// one in a bucket that is not the fleet's, in another tenant's uploads
+// bucket, or of a pool's bucket but not of the tenant's outputs
+// (outputs/<tenant>/...). Ids are a tenant's own, and so are objects: a
+// job reads only its tenant's.
+func (s *Store) CheckInputRef(tenant, bucket, key string) error {
+	if err := job.CheckObjectKey(key); err != nil {
+		return fmt.Errorf("object key: %w", err)
+	}
+	pool, owner, ok := s.names.BucketOwner(bucket)
+	switch {
+	case !ok:
+		return fmt.Errorf("bucket %q is not one of the fleet's buckets (%s, or a pool's %s)", bucket,
+			s.UploadsOf(tenant), s.names.ArtifactsBucket("<pool>"))
+	case pool == "" && owner != tenant:
+		return fmt.Errorf("bucket %s is tenant %s's: a job of tenant %s reads its own tenant's uploads (%s)", bucket, owner, tenant, s.UploadsOf(tenant))
+	case pool != "" && !strings.HasPrefix(key, "outputs/"+tenant+"/"):
+		return fmt.Errorf("object %s of bucket %s is not an output of tenant %s (outputs/%s/...)", key, bucket, tenant, tenant)
+	}
+	return nil
+}
+
 func inputFailure(name, bucket, key string, err error) *job.Failure {
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -150,7 +179,8 @@ func inputFailure(name, bucket, key string, err error) *job.Failure {
 }
 
 // StoreOutput stores one output of the attempt, read from r, which holds
-// size bytes, as outputs/<job>/<attempt>/<name> in the artifacts bucket.
+// size bytes, as outputs/<tenant>/<job>/<attempt>/<name> in its pool's
+// bucket.
 // An output over the limits fails the attempt, execution/output_too_large,
 // naming the limit; a store that fails, infrastructure/output_not_stored.
 func (a *Attempt) StoreOutput(ctx context.Context, name string, r io.Reader, size int64) (*job.Artifact, error) {
@@ -167,7 +197,7 @@ func (a *Attempt) StoreOutput(ctx context.Context, name string, r io.Reader, siz
 	}
 	a.stored += size
 	a.mu.Unlock()
-	info, err := a.s.Put(ctx, a.s.Artifacts(), OutputKey(a.jobID, a.n, name), r,
+	info, err := a.s.Put(ctx, a.s.ArtifactsOf(a.pool), OutputKey(a.tenant, a.jobID, a.n, name), r,
 		PutOptions{ContentType: mime.TypeByExtension(path.Ext(name)), MaxBytes: min(a.lim.MaxOutputBytes, left)})
 	if err != nil {
 		a.mu.Lock()
@@ -192,7 +222,8 @@ func (a *Attempt) Log(stream, line string) {
 	t := time.Now()
 	a.mu.Lock()
 	if a.log == nil {
-		a.log = a.s.NewLog(a.logCtx, a.jobID, a.n, LogOptions{MaxBytes: a.lim.MaxLogBytes, PurgeFirst: a.purge})
+		a.log = a.s.NewLog(a.logCtx, queue.JobKey{Tenant: a.tenant, Pool: a.pool, ID: a.jobID}, a.n,
+			LogOptions{MaxBytes: a.lim.MaxLogBytes, PurgeFirst: a.purge})
 	}
 	w := a.log
 	a.mu.Unlock()

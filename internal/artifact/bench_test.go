@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/workspace"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -111,7 +112,7 @@ func BenchmarkOutputUpload(b *testing.B) {
 func BenchmarkLogLines(b *testing.B) {
 	s, _ := newStore(b, Config{})
 	ctx := context.Background()
-	w := s.NewLog(ctx, "bench", 1, LogOptions{MaxBytes: 1 << 40})
+	w := s.NewLog(ctx, queue.JobKey{Tenant: job.DefaultTenant, Pool: job.DefaultPool, ID: "bench"}, 1, LogOptions{MaxBytes: 1 << 40})
 	line := string(bytes.Repeat([]byte("x"), 80))
 	now := time.Now()
 	b.SetBytes(int64(len(line)))

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -57,8 +58,14 @@ func OpenOutput(ctx context.Context, s *Store, res *job.Result, name string) (*O
 		}
 		return nil, fmt.Errorf("%w: job %s has no output %q (it has %s)", ErrNotFound, res.JobID, name, have)
 	}
-	size := a.Size
-	r, err := s.Open(ctx, a.Bucket, a.Key, Expect{SHA256: a.SHA256, Size: &size})
+	var r *Reader
+	var err error
+	if s.cfg.NoDescriptions {
+		r, err = s.OpenRef(ctx, a.Bucket, a.Key, a.Size, a.SHA256)
+	} else {
+		size := a.Size
+		r, err = s.Open(ctx, a.Bucket, a.Key, Expect{SHA256: a.SHA256, Size: &size})
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return nil, fmt.Errorf("output %s of job %s: its object is gone (expired with the retention?): %w", name, res.JobID, err)
@@ -146,7 +153,7 @@ func (l *logStream) next() error {
 			want = max(rec.Attempt, 1) // the latest
 		}
 		if rec.Attempt >= want {
-			r, err := l.s.OpenLog(l.ctx, l.id, want, ReadLogOptions{Follow: l.o.Follow, Ended: l.ended(want)})
+			r, err := l.s.OpenLog(l.ctx, queue.Key(rec), want, ReadLogOptions{Follow: l.o.Follow, Ended: l.ended(want)})
 			if err != nil {
 				return err
 			}

@@ -14,15 +14,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
-// The log of an attempt is one object, logs/<job_id>/<attempt> in the
-// artifacts bucket, of text lines in the order the worker heard them:
+// The log of an attempt is one object, logs/<tenant>/<job_id>/<attempt>
+// in its pool's bucket, of text lines in the order the worker heard them:
 //
 //	2026-11-30T10:00:00.123456Z stdout the line as the job printed it
 //
@@ -33,9 +32,10 @@ import (
 //
 // Its chunks are stored while the attempt runs, every LogFlush or every
 // chunk's worth of lines, so that a reader can follow them; the object
-// appears once the attempt has ended. Their subject is derived from the
-// key, so that a follower finds them before the object exists, and a lost
-// attempt's lines can still be read.
+// (its description) appears once the attempt has ended. Their subjects
+// are derived from the key, as every object's are, so that a follower
+// finds them before the object exists, a lost attempt's lines can still
+// be read, and a tenant reads them without the description.
 
 // Streams of a log line.
 const (
@@ -97,12 +97,6 @@ func truncate(s string) string {
 	return s
 }
 
-// logNUID is the chunk id of a log: derived from its key.
-func logNUID(bucket, key string) string {
-	sum := sha256.Sum256([]byte(bucket + "\x00" + key))
-	return "L" + hex.EncodeToString(sum[:])[:21]
-}
-
 // LogSummary is what a LogWriter kept.
 type LogSummary struct {
 	Key          string
@@ -127,8 +121,7 @@ type LogWriter struct {
 	ctx        context.Context
 	bucket     string
 	key        string
-	subj       string
-	nuid       string
+	id         string // names its chunks
 	run        string // names this writer's messages, for de-duplication
 	limit      int64
 	marker     int // bytes kept for the truncation note
@@ -162,16 +155,15 @@ type LogOptions struct {
 	PurgeFirst bool
 }
 
-// NewLog starts the log of an attempt. Nothing is stored until its first
-// line. ctx bounds the stores: the worker's own, not the attempt's, so
-// that a cancelled attempt's lines are kept.
-func (s *Store) NewLog(ctx context.Context, jobID string, attempt int, o LogOptions) *LogWriter {
-	bucket, key := s.Artifacts(), LogKey(jobID, attempt)
-	nid := logNUID(bucket, key)
+// NewLog starts the log of attempt n of job k. Nothing is stored until
+// its first line. ctx bounds the stores: the worker's own, not the
+// attempt's, so that a cancelled attempt's lines are kept.
+func (s *Store) NewLog(ctx context.Context, k queue.JobKey, attempt int, o LogOptions) *LogWriter {
+	bucket, key := s.ArtifactsOf(k.Pool), LogKey(k.Tenant, k.ID, attempt)
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultMaxLogBytes
 	}
-	w := &LogWriter{s: s, ctx: ctx, bucket: bucket, key: key, subj: chunkSubject(bucket, nid), nuid: nid, run: newNUID(),
+	w := &LogWriter{s: s, ctx: ctx, bucket: bucket, key: key, id: chunkID(k.Tenant, bucket, key), run: newNUID(),
 		limit: o.MaxBytes, purgeFirst: o.PurgeFirst, h: sha256.New()}
 	w.marker = len(AppendLogLine(nil, time.Now(), StreamFleet, w.note()))
 	return w
@@ -249,7 +241,7 @@ func (w *LogWriter) start() {
 func (w *LogWriter) publish() {
 	defer close(w.done)
 	if w.purgeFirst {
-		if err := w.s.purge(w.ctx, w.bucket, w.subj); err != nil {
+		if err := w.s.purge(w.ctx, w.bucket, chunkFilter(w.bucket, w.id)); err != nil {
 			w.err = err
 		}
 	}
@@ -257,7 +249,7 @@ func (w *LogWriter) publish() {
 		if w.err != nil {
 			continue // drain, so that Line never blocks for good
 		}
-		m := nats.NewMsg(w.subj)
+		m := nats.NewMsg(chunkSubject(w.bucket, w.id, w.stored))
 		m.Data = chunk
 		m.Header.Set(queue.HeaderMsgID, w.run+"."+strconv.Itoa(w.stored))
 		if _, err := queue.Publish(w.ctx, w.s.js, m); err != nil {
@@ -301,7 +293,7 @@ func (w *LogWriter) Close(ctx context.Context) (*LogSummary, error) {
 		return sum, w.err
 	}
 	info := &Info{Bucket: w.bucket, Key: w.key, Size: w.size, SHA256: hex.EncodeToString(w.h.Sum(nil)),
-		ContentType: "text/plain; charset=utf-8", chunks: w.stored, nuid: w.nuid}
+		ContentType: "text/plain; charset=utf-8", chunks: w.stored, id: w.id}
 	if err := w.s.publishMeta(ctx, info, w.run); err != nil {
 		return sum, errors.Join(w.err, fmt.Errorf("log %s: %w", w.key, err))
 	}
@@ -332,7 +324,7 @@ func (w *LogWriter) Abort(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return w.s.purge(ctx, w.bucket, w.subj)
+	return w.s.purge(ctx, w.bucket, chunkFilter(w.bucket, w.id))
 }
 
 // ReadLogOptions configure OpenLog.
@@ -363,58 +355,46 @@ func (r *LogReader) Close() error { return r.close() }
 // ended); nil while it is being written, or when its attempt was lost.
 func (r *LogReader) Info() *Info { return r.info }
 
-// OpenLog opens the log of an attempt: the whole object once the attempt
-// has ended, checked against its digest; otherwise what is stored of it so
-// far, and with Follow, what comes next. An attempt that printed nothing
-// has an empty log.
-func (s *Store) OpenLog(ctx context.Context, jobID string, attempt int, o ReadLogOptions) (*LogReader, error) {
-	bucket, key := s.Artifacts(), LogKey(jobID, attempt)
+// OpenLog opens the log of attempt n of job k: the whole object once the
+// attempt has ended, checked against its digest; otherwise what is stored
+// of it so far, and with Follow, what comes next. An attempt that printed
+// nothing has an empty log. A store without descriptions (see Config)
+// reads the chunks alone, until the attempt has ended.
+func (s *Store) OpenLog(ctx context.Context, k queue.JobKey, attempt int, o ReadLogOptions) (*LogReader, error) {
+	bucket, key := s.ArtifactsOf(k.Pool), LogKey(k.Tenant, k.ID, attempt)
 	if o.Poll <= 0 {
 		o.Poll = LogFlush
 	}
-	info, err := s.Stat(ctx, bucket, key)
-	switch {
-	case err == nil:
-		r, err := s.open(ctx, info)
-		if err != nil {
-			return nil, err
-		}
-		return &LogReader{Reader: r, close: r.Close, info: info}, nil
-	case !errors.Is(err, ErrNotFound):
-		return nil, err
-	}
-	nid := logNUID(bucket, key)
-	subj := chunkSubject(bucket, nid)
-	if !o.Follow {
-		// What is stored: nothing, or up to the last chunk there now.
-		last, err := s.directLast(ctx, stream(bucket), subj)
-		if err != nil {
-			return nil, fmt.Errorf("log %s: %w", key, err)
-		}
-		if last == nil {
-			return &LogReader{Reader: bytes.NewReader(nil), close: func() error { return nil }}, nil
-		}
-	} else if o.Ended == nil {
+	if o.Follow && o.Ended == nil {
 		return nil, errors.New("following a log needs a way to tell its attempt has ended")
 	}
-	it, err := s.chunks(ctx, bucket, nid)
-	if err != nil {
-		return nil, fmt.Errorf("log %s: %w", key, err)
+	if !s.cfg.NoDescriptions {
+		info, err := s.Stat(ctx, bucket, key)
+		switch {
+		case err == nil:
+			r := s.open(ctx, info)
+			return &LogReader{Reader: r, close: r.Close, info: info}, nil
+		case !errors.Is(err, ErrNotFound):
+			return nil, err
+		}
 	}
-	f := &follower{s: s, ctx: ctx, it: it, bucket: bucket, key: key, o: o, h: sha256.New()}
-	return &LogReader{Reader: f, close: func() error { it.Stop(); return nil }}, nil
+	id := chunkID(k.Tenant, bucket, key)
+	f := &follower{s: s, ctx: ctx, f: s.fetch(ctx, bucket, id, -1, s.cfg.Window), bucket: bucket, key: key, o: o,
+		h: sha256.New()}
+	return &LogReader{Reader: f, close: func() error { f.f.stop(); return nil }}, nil
 }
 
 // follower reads a log's chunks as they are stored.
 type follower struct {
 	s      *Store
 	ctx    context.Context
-	it     jetstream.MessagesContext
+	f      *fetcher
 	bucket string
 	key    string
 	o      ReadLogOptions
 	h      hash.Hash
 	got    int
+	ended  bool // the attempt is over: what is stored is all there is
 	cur    []byte
 	err    error
 }
@@ -433,59 +413,48 @@ func (f *follower) Read(p []byte) (int, error) {
 
 // next reads the next chunk into cur, or returns why there is none.
 func (f *follower) next() error {
-	m, err := f.wait()
-	switch {
-	case err == nil:
-		f.got++
-		f.h.Write(m.Data())
-		f.cur = m.Data()
-		if !f.o.Follow {
-			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+	for {
+		c, err := f.f.next()
+		switch {
+		case f.ctx.Err() != nil:
+			return f.ctx.Err()
+		case err != nil:
+			return fmt.Errorf("log %s: %w", f.key, err)
+		case c != nil:
+			f.got++
+			f.h.Write(c)
+			f.cur = c
+			return nil
+		case !f.o.Follow || f.ended:
+			return io.EOF
+		}
+		// Nothing more yet: is the log complete, or its attempt over?
+		select {
+		case <-f.ctx.Done():
+			return f.ctx.Err()
+		case <-time.After(f.o.Poll):
+		}
+		if !f.s.cfg.NoDescriptions {
+			info, err := f.s.Stat(f.ctx, f.bucket, f.key)
+			switch {
+			case err == nil && f.got >= info.chunks:
+				if f.got == info.chunks && hex.EncodeToString(f.h.Sum(nil)) != info.SHA256 {
+					return fmt.Errorf("log %s: %w", f.key, ErrChanged)
+				}
 				return io.EOF
+			case err == nil:
+				continue // the rest is on its way
+			case !errors.Is(err, ErrNotFound):
+				return err
 			}
 		}
-		return nil
-	case f.ctx.Err() != nil:
-		return f.ctx.Err()
-	case !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("log %s: %w", f.key, err)
-	case !f.o.Follow:
-		return io.EOF
-	}
-	// Nothing for a while: is the log complete, or its attempt over?
-	info, err := f.s.Stat(f.ctx, f.bucket, f.key)
-	switch {
-	case err == nil && f.got >= info.chunks:
-		if f.got == info.chunks && hex.EncodeToString(f.h.Sum(nil)) != info.SHA256 {
-			return fmt.Errorf("log %s: %w", f.key, ErrChanged)
+		// The attempt's worker closes the log before the attempt ends:
+		// once it has ended, what is stored is all there is (and all
+		// there will be, when its worker was lost).
+		ended, err := f.o.Ended(f.ctx)
+		if err != nil {
+			return err
 		}
-		return io.EOF
-	case err == nil:
-		return nil // the rest is on its way
-	case !errors.Is(err, ErrNotFound):
-		return err
+		f.ended = ended
 	}
-	ended, err := f.o.Ended(f.ctx)
-	if err != nil {
-		return err
-	}
-	if !ended {
-		return nil
-	}
-	// The attempt is over and wrote no description: its worker was lost.
-	// What it stored before is all there is.
-	m, err = f.wait()
-	if err != nil {
-		return io.EOF
-	}
-	f.got++
-	f.cur = m.Data()
-	return nil
-}
-
-// wait waits for the next chunk for a poll at most.
-func (f *follower) wait() (jetstream.Msg, error) {
-	ctx, cancel := context.WithTimeout(f.ctx, f.o.Poll)
-	defer cancel()
-	return f.it.Next(jetstream.NextContext(ctx))
 }

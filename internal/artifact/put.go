@@ -28,25 +28,29 @@ type PutOptions struct {
 }
 
 // Put stores what r yields as the object key of bucket, replacing any
-// object of that name once it is stored whole, and returns its size and
-// digest. It streams: a window of chunks is in flight, never the object.
-// The object appears only when its last chunk and then its description
-// are stored; a put that fails or is cut short leaves no object, and its
-// chunks are purged (or, if the process dies, dropped with the bucket's
-// TTL).
+// object of that name, and returns its size and digest. It streams: a
+// window of chunks is in flight, never the object. What an earlier put of
+// the name left is purged first; the object appears only when its last
+// chunk and then its description are stored. A put that fails or is cut
+// short leaves no object, and its chunks are purged (or, if the process
+// dies, dropped with the bucket's TTL).
 func (s *Store) Put(ctx context.Context, bucket, key string, r io.Reader, o PutOptions) (*Info, error) {
-	if err := s.checkBucket(bucket); err != nil {
-		return nil, err
-	}
 	if err := job.CheckObjectKey(key); err != nil {
 		return nil, fmt.Errorf("object key: %w", err)
 	}
-	nid := newNUID()
-	info, err := s.put(ctx, bucket, key, nid, r, o)
+	tenant, err := s.owner(bucket, key)
+	if err != nil {
+		return nil, err
+	}
+	id := chunkID(tenant, bucket, key)
+	if err := s.purge(ctx, bucket, chunkFilter(bucket, id)); err != nil {
+		return nil, fmt.Errorf("put %s/%s: %w", bucket, key, err)
+	}
+	info, err := s.put(ctx, bucket, key, id, r, o)
 	if err != nil {
 		// The chunks in flight are stored or refused first: a purge that
 		// overtook them would leave them.
-		if perr := s.purge(ctx, bucket, chunkSubject(bucket, nid)); perr != nil && !errors.Is(err, ErrTooLarge) {
+		if perr := s.purge(ctx, bucket, chunkFilter(bucket, id)); perr != nil && !errors.Is(err, ErrTooLarge) {
 			err = errors.Join(err, perr)
 		}
 		return nil, fmt.Errorf("put %s/%s: %w", bucket, key, err)
@@ -54,8 +58,7 @@ func (s *Store) Put(ctx context.Context, bucket, key string, r io.Reader, o PutO
 	return info, nil
 }
 
-func (s *Store) put(ctx context.Context, bucket, key, nid string, r io.Reader, o PutOptions) (*Info, error) {
-	subj := chunkSubject(bucket, nid)
+func (s *Store) put(ctx context.Context, bucket, key, id string, r io.Reader, o PutOptions) (*Info, error) {
 	h := sha256.New()
 	// A ring of chunk buffers: a buffer is filled again only once the
 	// chunk it held is stored, since a publish may be sent again.
@@ -103,8 +106,10 @@ func (s *Store) put(ctx context.Context, bucket, key, nid string, r io.Reader, o
 			}
 			h.Write(bufs[slot][:n])
 			// No retries by the client: a chunk sent again after the next
-			// one would be stored out of order. A failed put fails whole.
-			f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: subj, Data: bufs[slot][:n]}, jetstream.WithRetryAttempts(0))
+			// one would be stored out of order (`nats object get` reads
+			// them in the stream's order). A failed put fails whole.
+			f, err := s.js.PublishMsgAsync(&nats.Msg{Subject: chunkSubject(bucket, id, chunks), Data: bufs[slot][:n]},
+				jetstream.WithRetryAttempts(0))
 			if err != nil {
 				return nil, fmt.Errorf("store chunk: %w", err)
 			}
@@ -131,8 +136,8 @@ func (s *Store) put(ctx context.Context, bucket, key, nid string, r io.Reader, o
 	}
 	sum := h.Sum(nil)
 	info := &Info{Bucket: bucket, Key: key, Size: size, SHA256: hex.EncodeToString(sum), ContentType: o.ContentType,
-		chunks: chunks, nuid: nid}
-	if err := s.publishMeta(ctx, info, nid); err != nil {
+		chunks: chunks, id: id}
+	if err := s.publishMeta(ctx, info, newNUID()); err != nil {
 		return nil, err
 	}
 	return info, nil
@@ -146,7 +151,7 @@ func (s *Store) publishMeta(ctx context.Context, info *Info, id string) error {
 	oi := jetstream.ObjectInfo{
 		ObjectMeta: jetstream.ObjectMeta{Name: info.Key,
 			Opts: &jetstream.ObjectMetaOptions{ChunkSize: uint32(s.cfg.ChunkSize)}},
-		Bucket: info.Bucket, NUID: info.nuid, Size: uint64(info.Size), Chunks: uint32(info.chunks),
+		Bucket: info.Bucket, NUID: info.id + ".*", Size: uint64(info.Size), Chunks: uint32(info.chunks),
 		Digest: objectDigest(mustHex(info.SHA256)),
 	}
 	if info.ContentType != "" {
@@ -174,8 +179,9 @@ func mustHex(s string) []byte {
 	return b
 }
 
-// newNUID names the chunks of one put: 22 random letters and digits, as
-// the object store's own ids.
+// newNUID is a random id of 22 letters and digits, as the object store's
+// own: it names one put's description, so that one sent again is a
+// duplicate.
 func newNUID() string {
 	const digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 	var b [22]byte

@@ -4,6 +4,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -14,72 +15,90 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/fleet-dev/fleet/job"
+	"github.com/fleet-dev/fleet/internal/queue"
 )
 
 // Actions.
 
 func (c *Console) cancel(_ http.ResponseWriter, r *http.Request) (string, error) {
-	id := r.PathValue("id")
+	k, err := jobKey(r.PathValue)
+	if err != nil {
+		return "", err
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	reply, err := c.cfg.Cancel(ctx, job.DefaultTenant, id)
+	reply, err := c.cfg.Cancel(ctx, k.Tenant, k.ID)
 	if err != nil {
 		return "", err
 	}
 	c.m.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", "cancel")))
-	c.log.Info("console: cancel", "job_id", id, "cancelled", reply.Cancelled)
-	return "/ui/jobs/" + url.PathEscape(id) + "?notice=" + url.QueryEscape(reply.Message), nil
+	c.log.Info("console: cancel", "tenant", k.Tenant, "pool", k.Pool, "job_id", k.ID, "cancelled", reply.Cancelled)
+	return jobPath(k) + "?notice=" + url.QueryEscape(reply.Message), nil
 }
 
-func (c *Console) retry(ctx context.Context, id string) (string, error) {
+// retry submits a tenant's dead letter again, and returns the new job.
+func (c *Console) retry(ctx context.Context, k queue.JobKey) (queue.JobKey, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	reply, err := c.cfg.Retry(ctx, job.DefaultTenant, id)
+	reply, err := c.cfg.Retry(ctx, k.Tenant, k.ID)
 	if err != nil {
-		return "", err
+		return queue.JobKey{}, err
 	}
 	if reply.Rejected() {
-		return "", badRequest("the retry was rejected: " + reply.Error)
+		return queue.JobKey{}, badRequest("the retry was rejected: " + reply.Error)
 	}
 	c.m.actions.Add(ctx, 1, metric.WithAttributes(attribute.String("action", "retry")))
-	c.log.Info("console: retry of a dead letter", "job_id", id, "new_job_id", reply.JobID)
-	return reply.JobID, nil
+	c.log.Info("console: retry of a dead letter", "tenant", k.Tenant, "job_id", k.ID, "new_job_id", reply.JobID)
+	return queue.JobKey{Tenant: cmp.Or(reply.Tenant, k.Tenant), Pool: cmp.Or(reply.Pool, k.Pool), ID: reply.JobID}, nil
 }
 
 func (c *Console) retryOne(_ http.ResponseWriter, r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	newID, err := c.retry(r.Context(), id)
+	k, err := jobKey(r.PathValue)
 	if err != nil {
 		return "", err
 	}
-	return "/ui/jobs/" + url.PathEscape(newID) + "?notice=" + url.QueryEscape("retry of "+id), nil
+	made, err := c.retry(r.Context(), k)
+	if err != nil {
+		return "", err
+	}
+	return jobPath(made) + "?notice=" + url.QueryEscape("retry of "+k.ID), nil
 }
 
 func (c *Console) retryMany(_ http.ResponseWriter, r *http.Request) (string, error) {
-	ids := r.PostForm["job"]
-	if len(ids) == 0 {
+	refs := r.PostForm["job"]
+	if len(refs) == 0 {
 		return "", badRequest("no dead letter selected")
 	}
-	if len(ids) > 500 {
+	if len(refs) > 500 {
 		return "", badRequest("at most 500 dead letters at once")
 	}
 	var made, failed []string
-	for _, id := range ids {
-		newID, err := c.retry(r.Context(), id)
-		if err != nil {
-			failed = append(failed, id+" ("+err.Error()+")")
+	for _, ref := range refs {
+		// tenant/pool/id, as the page names each dead letter.
+		parts := strings.SplitN(ref, "/", 3)
+		if len(parts) != 3 {
+			failed = append(failed, ref+" (not tenant/pool/id)")
 			continue
 		}
-		made = append(made, newID)
+		k, err := parseKey(parts[0], parts[1], parts[2])
+		if err == nil {
+			var nk queue.JobKey
+			if nk, err = c.retry(r.Context(), k); err == nil {
+				made = append(made, nk.ID)
+				continue
+			}
+		}
+		failed = append(failed, ref+" ("+err.Error()+")")
 	}
 	msg := fmt.Sprintf("retried %d: %s", len(made), strings.Join(made, ", "))
 	if len(failed) > 0 {
 		msg += fmt.Sprintf("; %d failed: %s", len(failed), strings.Join(failed, "; "))
 	}
 	to := "/ui/dlq?notice=" + url.QueryEscape(msg)
-	if p := r.PostFormValue("pool"); p != "" {
-		to += "&pool=" + url.QueryEscape(p)
+	for _, name := range []string{"pool", "tenant"} {
+		if v := r.PostFormValue(name); v != "" {
+			to += "&" + name + "=" + url.QueryEscape(v)
+		}
 	}
 	return to, nil
 }

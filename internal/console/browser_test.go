@@ -25,6 +25,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/internal/worker"
@@ -54,7 +55,8 @@ func startSite(t *testing.T, o siteOptions) *site {
 	s := &site{f: fleettest.Start(t), workDir: t.TempDir()}
 	d := s.f.Dispatcher
 	lag := d.Lag
-	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly,
+	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, History: d.History, Status: d.Status, Cancel: d.Cancel,
+		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
 	if o.redisURL != "" {
@@ -108,6 +110,17 @@ func startSite(t *testing.T, o siteOptions) *site {
 }
 
 func (s *site) url(path string) string { return s.srv.URL + path }
+
+// jobPage is the path of a job's page.
+func jobPage(tenant, pool, id string) string { return "/ui/jobs/" + tenant + "/" + pool + "/" + id }
+
+// row selects a job's row on the jobs page.
+func row(tenant, pool, id string) string { return fmt.Sprintf(`[id="job-%s.%s.%s"]`, tenant, pool, id) }
+
+// deadRow selects a dead letter's row.
+func deadRow(tenant, pool, id string) string {
+	return fmt.Sprintf(`[id="dl-%s.%s.%s"]`, tenant, pool, id)
+}
 
 // worker starts an in-process worker running processes.
 func (s *site) worker(t *testing.T, id string) *worker.Worker {
@@ -223,6 +236,17 @@ func (b *browser) text(t *testing.T, sel string) string {
 	return eval[string](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.textContent.trim():""})()`, sel))
 }
 
+// click clicks the first node matching sel from inside the page, once
+// it is there. The live pages redraw parts of themselves as updates
+// arrive, so a node found by the protocol may be gone by the time a
+// protocol click reaches it; a click in the page cannot miss that way.
+func (b *browser) click(t *testing.T, sel string) {
+	t.Helper()
+	waitFor(t, "a "+sel+" to click", 10*time.Second, func() bool {
+		return eval[bool](t, b, fmt.Sprintf(`(function(){var e=document.querySelector(%q);if(!e)return false;e.click();return true})()`, sel))
+	})
+}
+
 func (b *browser) location(t *testing.T) string {
 	t.Helper()
 	return eval[string](t, b, `location.href`)
@@ -234,13 +258,14 @@ func (b *browser) open(t *testing.T, url string) {
 	b.do(t, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("live")))
 }
 
-// visitAll loads each of the console's pages, waits for its live stream
-// to deliver, and fails on any error the page reported.
-func (b *browser) visitAll(t *testing.T, s *site, jobID string) {
+// visitAll loads each of the console's pages (and a job's, given its
+// path), waits for its live stream to deliver, and fails on any error the
+// page reported.
+func (b *browser) visitAll(t *testing.T, s *site, jobPath string) {
 	t.Helper()
 	pages := []string{"/ui/", "/ui/jobs", "/ui/workers", "/ui/dlq"}
-	if jobID != "" {
-		pages = append(pages, "/ui/jobs/"+jobID)
+	if jobPath != "" {
+		pages = append(pages, jobPath)
 	}
 	for _, p := range pages {
 		b.open(t, s.url(p))
@@ -266,12 +291,12 @@ func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
 	// No worker yet: the job waits in the queue.
 	id := s.f.Submit(t, &job.Request{ID: "live-1", Command: []string{"sh", "-c", "sleep 1.5; echo done"},
 		Labels: map[string]string{"team": "ml"}})
-	row := "#job-" + id
+	sel := row("default", "default", id)
 	var seen []string
 	observe := func(until string, within time.Duration) {
 		t.Helper()
 		waitFor(t, "state "+until, within, func() bool {
-			st := b.attr(t, row, "data-state")
+			st := b.attr(t, sel, "data-state")
 			if st != "" && (len(seen) == 0 || seen[len(seen)-1] != st) {
 				seen = append(seen, st)
 			}
@@ -282,7 +307,7 @@ func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
 	s.worker(t, "w-live")
 	observe("succeeded", 15*time.Second)
 	if !slices.Equal(seen, []string{"queued", "running", "succeeded"}) {
-		t.Errorf("the row went through %v, want queued, running, succeeded", seen)
+		t.Errorf("the sel went through %v, want queued, running, succeeded", seen)
 	}
 	if !eval[bool](t, b, `window.__notReloaded === true`) {
 		t.Error("the page was reloaded")
@@ -294,22 +319,27 @@ func TestConsoleShowsAJobLiveAndFindsItByFilters(t *testing.T) {
 	b.do(t, chromedp.SetValue(chromedp.ID("f-state"), "succeeded"), chromedp.SetValue(chromedp.ID("f-label"), "team=ml"),
 		chromedp.Click(chromedp.ID("f-apply")))
 	waitFor(t, "the filtered list", 10*time.Second, func() bool { return strings.Contains(b.location(t), "state=succeeded") })
-	b.do(t, chromedp.WaitVisible(chromedp.CSS(row)))
-	if b.exists(t, "#job-other-1") || b.text(t, "#total") != "1" {
+	b.do(t, chromedp.WaitVisible(chromedp.CSS(sel)))
+	if b.exists(t, row("default", "default", "other-1")) || b.text(t, "#total") != "1" {
 		t.Errorf("state=succeeded, label team=ml: other-1 listed or total %q", b.text(t, "#total"))
 	}
 	if loc := b.location(t); !strings.Contains(loc, "label=team%3Dml") || !strings.Contains(loc, "state=succeeded") {
 		t.Errorf("the filter is not in the URL: %s", loc)
 	}
 	b.open(t, s.url("/ui/jobs?label=team%3Dnobody"))
-	if b.exists(t, row) {
+	if b.exists(t, sel) {
 		t.Error("label team=nobody lists the job")
 	}
 	b.open(t, s.url("/ui/jobs?state=failed"))
-	if b.exists(t, row) {
+	if b.exists(t, sel) {
 		t.Error("state=failed lists the succeeded job")
 	}
-	b.visitAll(t, s, id)
+	b.visitAll(t, s, jobPage("default", "default", id))
+	// The page of a job before tenants sends to the default tenant's.
+	b.open(t, s.url("/ui/jobs/"+id))
+	if loc := b.location(t); !strings.HasSuffix(loc, jobPage("default", "default", id)) {
+		t.Errorf("/ui/jobs/%s led to %s", id, loc)
+	}
 
 	// A traced job's page links its trace through --trace-url.
 	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
@@ -341,7 +371,7 @@ func TestConsoleCancelsARunningJob(t *testing.T) {
 	}
 	start := time.Now()
 	eval[bool](t, b, `window.confirm = function () { return true }; true`) // the cancel button asks first
-	b.do(t, chromedp.Click(chromedp.ID("cancel")))
+	b.click(t, "#cancel")
 	waitFor(t, "cancelled on the page", 15*time.Second, func() bool { return b.exists(t, "h1 .s-cancelled") })
 	r := s.f.Await(t, id, 10*time.Second)
 	if r.Status != job.StatusCancelled {
@@ -364,21 +394,22 @@ func TestConsoleRetriesADeadLetter(t *testing.T) {
 	}
 	b := newBrowser(t)
 	b.open(t, s.url("/ui/dlq"))
-	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, "#dl-"+id) })
-	if !strings.Contains(b.text(t, "#dl-"+id), "execution/exit_code") {
-		t.Errorf("the dead letter's failure is not shown: %q", b.text(t, "#dl-"+id))
+	dl := deadRow("default", "default", id)
+	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, dl) })
+	if !strings.Contains(b.text(t, dl), "execution/exit_code") {
+		t.Errorf("the dead letter's failure is not shown: %q", b.text(t, dl))
 	}
-	b.do(t, chromedp.Click(chromedp.CSS(`button[data-retry="`+id+`"]`)))
+	b.click(t, `button[data-retry="default/default/`+id+`"]`)
 	want := job.RetryID(id, 1)
 	waitFor(t, "the retry's page", 10*time.Second, func() bool {
-		return strings.HasSuffix(strings.SplitN(b.location(t), "?", 2)[0], "/ui/jobs/"+want)
+		return strings.HasSuffix(strings.SplitN(b.location(t), "?", 2)[0], jobPage("default", "default", want))
 	})
 	if r := s.f.Await(t, want, 15*time.Second); r.Status != job.StatusFailed {
 		t.Errorf("%s ended %s, want failed as its request says", want, r.Status)
 	}
 	// The dead-letters page links the retry.
 	b.open(t, s.url("/ui/dlq"))
-	waitFor(t, "the retry linked", 5*time.Second, func() bool { return strings.Contains(b.text(t, "#dl-"+id), want) })
+	waitFor(t, "the retry linked", 5*time.Second, func() bool { return strings.Contains(b.text(t, dl), want) })
 	if errs := b.errors(); len(errs) > 0 {
 		t.Errorf("errors: %v", errs)
 	}
@@ -415,7 +446,8 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	for _, p := range []string{"/ui/", "/ui/jobs", "/ui/jobs/" + id, "/ui/workers", "/ui/dlq", "/ui/jobs?state=queued"} {
+	page := jobPage("default", "default", id)
+	for _, p := range []string{"/ui/", "/ui/jobs", page, "/ui/workers", "/ui/dlq", "/ui/jobs?state=queued"} {
 		if r := do("GET", p, "", nil); r.StatusCode != http.StatusSeeOther || !strings.HasPrefix(r.Header.Get("Location"), "/ui/login") {
 			t.Errorf("GET %s without a token: %d to %q, want 303 to the login", p, r.StatusCode, r.Header.Get("Location"))
 		}
@@ -429,7 +461,13 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 	if r := do("GET", "/ui/stream?page=jobs", "", nil); r.StatusCode != http.StatusUnauthorized {
 		t.Errorf("the stream without a token: %d", r.StatusCode)
 	}
-	for _, p := range []string{"/ui/jobs/" + id + "/cancel", "/ui/jobs/" + id + "/retry", "/ui/dlq/retry"} {
+	if r := do("GET", "/ui/jobs/"+id, "", nil); r.StatusCode != http.StatusSeeOther || !strings.HasPrefix(r.Header.Get("Location"), "/ui/login") {
+		t.Errorf("GET /ui/jobs/%s without a token: %d to %q, want 303 to the login", id, r.StatusCode, r.Header.Get("Location"))
+	}
+	if r := do("GET", "/ui/jobs/"+id, token, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != page {
+		t.Errorf("GET /ui/jobs/%s with the token: %d to %q, want 303 to %s", id, r.StatusCode, r.Header.Get("Location"), page)
+	}
+	for _, p := range []string{page + "/cancel", page + "/retry", "/ui/dlq/retry"} {
 		if r := do("POST", p, "", url.Values{"job": {id}}); r.StatusCode != http.StatusUnauthorized {
 			t.Errorf("POST %s without a token: %d", p, r.StatusCode)
 		}
@@ -445,7 +483,7 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 	b.errors() // the refused login answers 401, which the browser logs
 	b.do(t, chromedp.SetValue(tokenField, token), chromedp.Submit(tokenField), chromedp.WaitVisible(chromedp.ID("live")))
 	loc := b.location(t)
-	if !strings.HasSuffix(loc, "/ui/jobs/"+id) {
+	if !strings.HasSuffix(loc, page) {
 		t.Errorf("after the login: %s, want the job's page", loc)
 	}
 	got, err := chromedp.Call(b.ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{s.url("/ui/")}})
@@ -467,10 +505,10 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 	if html := eval[string](t, b, `document.documentElement.outerHTML`); strings.Contains(html, token) || strings.Contains(loc, token) {
 		t.Error("the token is in the page or its URL")
 	}
-	b.visitAll(t, s, id)
+	b.visitAll(t, s, page)
 
 	// The cookie without the page's CSRF token does not make an action.
-	req, _ := http.NewRequest("POST", s.url("/ui/jobs/"+id+"/cancel"), strings.NewReader("csrf=forged"))
+	req, _ := http.NewRequest("POST", s.url(page+"/cancel"), strings.NewReader("csrf=forged"))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.AddCookie(&http.Cookie{Name: "fleet_session", Value: session.Value})
 	resp, err := noRedirect.Do(req)
@@ -501,22 +539,22 @@ func TestConsoleReadOnlyOffersAndAcceptsNoAction(t *testing.T) {
 	dead := s.f.Submit(t, &job.Request{ID: "ro-dead", Command: []string{"false"}})
 	s.f.Await(t, dead, 15*time.Second)
 	b := newBrowser(t)
-	b.open(t, s.url("/ui/jobs/"+run))
+	b.open(t, s.url(jobPage("default", "default", run)))
 	waitFor(t, "running", 10*time.Second, func() bool { return b.exists(t, "h1 .s-running") })
 	if b.exists(t, "#cancel") {
 		t.Error("a read-only console offers cancel")
 	}
 	b.open(t, s.url("/ui/dlq"))
-	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, "#dl-"+dead) })
+	waitFor(t, "the dead letter", 10*time.Second, func() bool { return b.exists(t, deadRow("default", "default", dead)) })
 	if b.exists(t, "button[data-retry]") || b.exists(t, "#retry-selected") {
 		t.Error("a read-only console offers retry")
 	}
-	b.open(t, s.url("/ui/jobs/"+dead))
+	b.open(t, s.url(jobPage("default", "default", dead)))
 	if b.exists(t, "#retry") {
 		t.Error("a read-only console offers retry on the job page")
 	}
 	// Posted anyway, with the page's own CSRF token: refused.
-	for _, p := range []string{"/ui/jobs/" + run + "/cancel", "/ui/jobs/" + dead + "/retry", "/ui/dlq/retry"} {
+	for _, p := range []string{jobPage("default", "default", run) + "/cancel", jobPage("default", "default", dead) + "/retry", "/ui/dlq/retry"} {
 		// The page's CSRF token, taken from its forms or cookie-backed value.
 		code := eval[int](t, b, fmt.Sprintf(`fetch(%q, {method: "POST", body: new URLSearchParams({job: %q, csrf: %q})}).then(r => r.status)`, p, dead, "x"))
 		if code != http.StatusForbidden {
@@ -524,10 +562,10 @@ func TestConsoleReadOnlyOffersAndAcceptsNoAction(t *testing.T) {
 		}
 	}
 	b.errors()
-	if st, _, err := s.f.Dispatcher.Store().Status(context.Background(), run); err != nil || st.Job.State != job.StateRunning {
+	if st, err := s.f.Dispatcher.Status(context.Background(), "default", run); err != nil || st.Job.State != job.StateRunning {
 		t.Errorf("the running job: %v %v", st, err)
 	}
-	if s.c.Index().Has(job.RetryID(dead, 1)) {
+	if s.c.Index().Has(queue.JobKey{Tenant: "default", Pool: "default", ID: job.RetryID(dead, 1)}) {
 		t.Error("a read-only console retried a dead letter")
 	}
 }
@@ -573,11 +611,11 @@ func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
 	}
 }
 
-// TestConsolesAgreeAndRebuildFromTheBucket: a console that followed jobs
+// TestConsolesAgreeAndRebuildFromTheStreams: a console that followed jobs
 // live and one started afterwards (another dispatcher, or this one
-// restarted), which rebuilds its index from the bucket, show the same
-// counts, the same last hour and the same list.
-func TestConsolesAgreeAndRebuildFromTheBucket(t *testing.T) {
+// restarted), which rebuilds its index from the pools' streams, show the
+// same counts, the same last hour and the same list.
+func TestConsolesAgreeAndRebuildFromTheStreams(t *testing.T) {
 	s := startSite(t, siteOptions{})
 	s.worker(t, "w-agree")
 	var ids []string
@@ -595,8 +633,8 @@ func TestConsolesAgreeAndRebuildFromTheBucket(t *testing.T) {
 	s.f.Submit(t, &job.Request{ID: "agree-waiting", Pool: "nobody-serves-this", Command: []string{"true"}})
 
 	d := s.f.Dispatcher
-	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, Cancel: d.Cancel, Retry: d.RetryDeadLetter,
-		Logger: fleettest.Logger(t)})
+	late, err := console.New(console.Config{JS: d.JetStream(), Queue: s.f.Queue, History: d.History, Cancel: d.Cancel,
+		Retry: d.RetryDeadLetter, Logger: fleettest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,13 @@
 // filters, each job's detail with its live log, the workers, and the dead
 // letters, every page kept live over server-sent events.
 //
-// Everything a page counts comes from memory: an index of the jobs bucket
-// (see Index), fed by a watch of the bucket that replays every record when
-// it starts and then follows every write, so that every dispatcher shows
-// the same; the live workers, read from Redis once a second whatever the
-// number of open consoles; and the dead letters, followed on their stream.
-// A job's events, result and request are read when its page is open.
+// Everything a page counts comes from memory: an index of the jobs (see
+// Index), fed by the pools' streams (see feed.go), which it replays when
+// it starts and then follows version by version, so that every dispatcher
+// shows the same; the live workers, read from Redis once a second whatever
+// the number of open consoles; and the dead letters, followed on their
+// stream. A job's page reads the job's history through the dispatcher when
+// it opens, then follows the job's subjects.
 //
 // Pages, templates and assets are embedded in the binary. Pages carry no
 // inline script and a strict Content-Security-Policy; every action is a
@@ -22,9 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +43,13 @@ type Config struct {
 	// Capacity reads the workers' heartbeats and the lost workers.
 	// Optional: without it the workers page says capacity is off.
 	Capacity *capacity.Store
+	// History returns every version of a tenant's job's record, and its
+	// notices (the dispatcher's History), for the job's page. Required.
+	History func(ctx context.Context, tenant, id string) (*job.HistoryReply, error)
+	// Status returns the last version of a tenant's job's record (the
+	// dispatcher's Status), to find the pool of a job the index does not
+	// hold. Optional.
+	Status func(ctx context.Context, tenant, id string) (*job.StatusReply, error)
 	// Cancel cancels a tenant's job (the dispatcher's Cancel).
 	Cancel func(ctx context.Context, tenant, id string) (*job.CancelReply, error)
 	// Retry submits a tenant's dead-lettered job again (the dispatcher's
@@ -79,7 +85,7 @@ type Console struct {
 	names queue.Names
 	log   *slog.Logger
 	index *Index
-	store *queue.Store
+	feed  *feed
 	work  *workers
 	dead  *deadLetters
 	mux   *http.ServeMux
@@ -99,6 +105,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.JS == nil {
 		return nil, errors.New("console: no JetStream")
 	}
+	if cfg.History == nil {
+		return nil, errors.New("console: no History")
+	}
 	cfg.Queue = cfg.Queue.WithDefaults()
 	cfg.MaxJobs = cmp.Or(cfg.MaxJobs, 500_000)
 	cfg.WorkersEvery = cmp.Or(cfg.WorkersEvery, 500*time.Millisecond)
@@ -112,6 +121,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger.With("component", "console"),
 		index: NewIndex(cfg.Queue.Retention, cfg.MaxJobs), pages: p, closing: make(chan struct{})}
+	c.feed = newFeed(cfg.JS, c.names, c.index, c.log)
 	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
 	c.dead = &deadLetters{max: 5000}
 	c.m = newConsoleMetrics(c)
@@ -122,25 +132,20 @@ func New(cfg Config) (*Console, error) {
 // Index returns the console's index of jobs.
 func (c *Console) Index() *Index { return c.index }
 
-// Start opens the jobs bucket and starts following it, the workers and
-// the dead letters. It does not wait for the index to be complete: pages
-// say so until it is.
+// Start starts following the pools' streams, the workers and the dead
+// letters. It does not wait for the index to be complete: pages say so
+// until it is.
 func (c *Console) Start(ctx context.Context) error {
-	store, err := queue.NewStore(ctx, c.cfg.JS, c.names, c.log)
-	if err != nil {
-		return fmt.Errorf("console: %w", err)
-	}
-	c.store = store
 	feeds := []struct {
 		name string
 		svc  lifecycle.Service
 	}{
-		{"the index's feed", feed(func(ctx context.Context) {
-			lifecycle.Again(ctx, c.log, "following the jobs bucket", time.Second, 10*time.Second, c.watch)
+		{"the index's feed", loop(func(ctx context.Context) {
+			lifecycle.Again(ctx, c.log, "following the pools' streams", time.Second, 10*time.Second, c.feed.run)
 		})},
 		{"the index's sweep", &lifecycle.Every{Interval: time.Minute, Fn: func(context.Context) { c.index.Sweep(time.Now()) }, Later: true}},
 		{"the workers' feed", c.work.service()},
-		{"the dead letters' feed", feed(c.followDeadLetters)},
+		{"the dead letters' feed", loop(c.followDeadLetters)},
 	}
 	for _, f := range feeds {
 		if err := c.background.Start(ctx, f.name, f.svc); err != nil {
@@ -165,148 +170,18 @@ func (c *Console) Stop(ctx context.Context) error {
 	return nil
 }
 
-// feed is a Service running fn until Stop.
-func feed(fn func(context.Context)) lifecycle.Service {
-	r := &feedRunner{fn: fn}
-	return r
+// loop is a Service running fn until Stop.
+func loop(fn func(context.Context)) lifecycle.Service {
+	return &loopRunner{fn: fn}
 }
 
-type feedRunner struct {
+type loopRunner struct {
 	lifecycle.Runner
 	fn func(context.Context)
 }
 
-func (f *feedRunner) Start(ctx context.Context) error {
-	return f.Go(ctx, func(ctx context.Context) error { f.fn(ctx); return nil })
-}
-
-// The index is fed from the jobs bucket's stream (watch): every key's
-// latest record first, then every write. When the feed fails (NATS went
-// away), it starts again and the replay corrects the index.
-
-// watch reads the bucket's stream with an ordered consumer that pulls up
-// to a thousand records at a time. One goroutine receives them; the
-// index takes whatever has arrived in one batch, under one lock, so that
-// following a busy fleet costs its dispatcher little.
-func (c *Console) watch(ctx context.Context) error {
-	stream := "KV_" + c.names.Bucket()
-	prefix := "$KV." + c.names.Bucket() + "."
-	s, err := c.cfg.JS.Stream(ctx, stream)
-	if err != nil {
-		return err
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return err
-	}
-	cons, err := c.cfg.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy})
-	if err != nil {
-		return err
-	}
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(1000))
-	if err != nil {
-		return err
-	}
-	defer msgs.Stop()
-	stop := context.AfterFunc(ctx, msgs.Stop)
-	defer stop()
-
-	c.index.BeginReplay()
-	var (
-		mu        sync.Mutex
-		pending   []Update
-		caughtUp  bool
-		failed    error
-		replaying atomic.Bool // a message's metadata is read only until the replay ends
-	)
-	replaying.Store(true)
-	wake := make(chan struct{}, 1)
-	go func() {
-		defer close(wake)
-		for {
-			m, err := msgs.Next()
-			if err != nil {
-				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					mu.Lock()
-					failed = err
-					mu.Unlock()
-				}
-				return
-			}
-			u := Update{Key: strings.TrimPrefix(m.Subject(), prefix)}
-			last := false
-			if replaying.Load() {
-				// Replayed records may come again later; live ones come in
-				// order, and need no revision.
-				if meta, err := m.Metadata(); err == nil {
-					u.Rev, last = meta.Sequence.Stream, meta.NumPending == 0
-				}
-			}
-			switch m.Headers().Get("KV-Operation") {
-			case "DEL", "PURGE":
-				u.Deleted = true
-			default:
-				u.Data = m.Data()
-			}
-			mu.Lock()
-			pending = append(pending, u)
-			caughtUp = caughtUp || last
-			mu.Unlock()
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
-		}
-	}()
-
-	started, bad := time.Now(), 0
-	ready := func() {
-		if replaying.Load() {
-			replaying.Store(false)
-			c.index.EndReplay()
-			c.log.Info("console index ready", "jobs", c.index.Len(), "took", time.Since(started).Round(time.Millisecond))
-		}
-	}
-	if info.State.Msgs == 0 {
-		ready()
-	}
-	var batch []Update
-	quiet := time.NewTimer(2 * time.Second) // a replay that brings nothing more is done
-	defer quiet.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-quiet.C:
-			ready()
-			continue
-		case _, ok := <-wake:
-			if !ok {
-				mu.Lock()
-				defer mu.Unlock()
-				if failed != nil {
-					return failed
-				}
-				return errors.New("the feed ended")
-			}
-		}
-		mu.Lock()
-		batch, pending = pending, batch[:0]
-		done := caughtUp
-		mu.Unlock()
-		for _, err := range c.index.ApplyAll(batch) {
-			if bad < 10 {
-				bad++
-				c.log.Warn("a job record the console cannot read", "err", err)
-			}
-		}
-		if done {
-			ready()
-		} else if replaying.Load() {
-			quiet.Reset(2 * time.Second)
-		}
-	}
+func (l *loopRunner) Start(ctx context.Context) error {
+	return l.Go(ctx, func(ctx context.Context) error { l.fn(ctx); return nil })
 }
 
 type consoleMetrics struct {

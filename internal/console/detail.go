@@ -3,17 +3,16 @@ package console
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
 	"slices"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -60,110 +59,29 @@ func viewRequest(r *job.Request) *RequestView {
 	return v
 }
 
-// findRequest looks for a job's request in its pool's queue, where it
-// stays until the job ends: from the first message stored at its
-// submission time, one message of the pool at a time, by its message id.
-// It gives up after a bounded look (the request is then not shown).
-func (c *Console) findRequest(ctx context.Context, rec *job.Record) (*RequestView, error) {
-	nc := c.cfg.JS.Conn()
-	subject := c.names.Jobs(rec.Pool)
-	stream, err := c.cfg.JS.StreamNameBySubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, nil // the pool's stream is gone, with the request
-	}
-	if err != nil {
-		return nil, fmt.Errorf("the queue of %s: %w", rec.Pool, err)
-	}
-	start := rec.SubmittedAt.Add(-5 * time.Second)
-	seq := uint64(0)
-	for range 200 {
-		req := map[string]any{"next_by_subj": subject}
-		if seq == 0 {
-			req["start_time"] = start
-		} else {
-			req["seq"] = seq + 1
-		}
-		data, _ := json.Marshal(req)
-		m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, data)
-		if err != nil {
-			return nil, fmt.Errorf("read the queue of %s: %w", rec.Pool, err)
-		}
-		var resp struct {
-			Message *struct {
-				Seq  uint64    `json:"seq"`
-				Hdrs []byte    `json:"hdrs"`
-				Data []byte    `json:"data"`
-				Time time.Time `json:"time"`
-			} `json:"message"`
-			Error *jetstream.APIError `json:"error"`
-		}
-		if err := json.Unmarshal(m.Data, &resp); err != nil {
-			return nil, fmt.Errorf("read the queue of %s: %w", rec.Pool, err)
-		}
-		if resp.Error != nil || resp.Message == nil {
-			return nil, nil // no more messages
-		}
-		msg := resp.Message
-		seq = msg.Seq
-		if msg.Time.After(rec.SubmittedAt.Add(time.Minute)) {
-			return nil, nil
-		}
-		if headerValue(msg.Hdrs, nats.MsgIdHdr) != rec.ID {
-			continue
-		}
-		r, err := job.DecodeRequest(msg.Data, job.Limits{MaxRequestBytes: math.MaxInt})
-		if err != nil {
-			return nil, err
-		}
-		return viewRequest(r), nil
-	}
-	return nil, nil
-}
+// follow is what a job's page knows of the job: every version of its
+// record and its notices, read through the dispatcher's History when the
+// page opens and, while its stream is open, as they come on the job's
+// tenant's subjects.
+type follow struct {
+	key queue.JobKey
 
-// headerValue reads one header from a stored message's header block.
-func headerValue(block []byte, key string) string {
-	for _, line := range strings.Split(string(block), "\r\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && strings.EqualFold(strings.TrimSpace(k), key) {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
-}
-
-// timeline follows one job's events while its page is open.
-type timeline struct {
 	mu      sync.Mutex
-	events  []*job.Event // every event but logs, at most maxEvents
+	latest  *job.Record // the last version
+	seq     uint64      // its sequence in the pool's stream
+	request *RequestView
+	result  *job.Result
+	events  []*job.Event // the versions' events and the notices that say something, by time
 	logs    []*job.Event // the last maxLog log lines
 	dropped int          // log lines before those
+	beats   int          // plain heartbeats, not listed
+	beat    time.Time    // the last one
+	seen    map[string]bool
 	version uint64
-	seq     uint64 // the stream sequence of the last event read
-	err     error
-}
-
-func (tl *timeline) addMsg(m jetstream.Msg) {
-	if meta, err := m.Metadata(); err == nil {
-		tl.mu.Lock()
-		tl.seq = meta.Sequence.Stream
-		tl.mu.Unlock()
-	}
-	if e, err := job.DecodeEvent(m.Data()); err == nil {
-		tl.add(e)
-	}
-}
-
-func (tl *timeline) last() uint64 {
-	tl.mu.Lock()
-	defer tl.mu.Unlock()
-	return tl.seq
-}
-
-func (tl *timeline) fail(err error) {
-	tl.mu.Lock()
-	defer tl.mu.Unlock()
-	tl.err = err
-	tl.version++
+	subs    []*nats.Subscription
+	// early holds what came live before the history was read.
+	early   []any
+	history bool
 }
 
 const (
@@ -171,135 +89,233 @@ const (
 	maxLog    = 300
 )
 
-func (tl *timeline) add(e *job.Event) {
-	tl.mu.Lock()
-	defer tl.mu.Unlock()
-	if e.Type == job.EventLog {
-		tl.logs = append(tl.logs, e)
-		if len(tl.logs) > maxLog {
-			tl.dropped += len(tl.logs) - maxLog
-			tl.logs = slices.Delete(tl.logs, 0, len(tl.logs)-maxLog)
-		}
-	} else if len(tl.events) < maxEvents {
-		tl.events = append(tl.events, e)
-	}
-	tl.version++
-}
-
-func (tl *timeline) snapshot() (events, logs []*job.Event, dropped int, version uint64) {
-	tl.mu.Lock()
-	defer tl.mu.Unlock()
-	return slices.Clone(tl.events), slices.Clone(tl.logs), tl.dropped, tl.version
-}
-
-// followEvents reads a job's events after those tl holds, as they come,
-// until ctx ends.
-func (c *Console) followEvents(ctx context.Context, id string, tl *timeline) {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{c.names.Events(id)}}
-	if seq := tl.last(); seq > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq+1
-	}
-	cons, err := c.cfg.JS.OrderedConsumer(ctx, c.names.EventsStream(), cfg)
-	if err != nil {
-		tl.fail(err)
-		return
-	}
-	msgs, err := cons.Messages()
-	if err != nil {
-		tl.fail(err)
-		return
-	}
-	defer msgs.Stop()
-	stop := context.AfterFunc(ctx, msgs.Stop)
-	defer stop()
-	for {
-		m, err := msgs.Next()
-		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				tl.fail(err)
+// openJob reads a job's history; with live set, it first subscribes to
+// the job's subjects, so that nothing stored meanwhile is missed, and
+// follows them until close.
+func (c *Console) openJob(ctx context.Context, k queue.JobKey, live bool) (*follow, error) {
+	fl := &follow{key: k, seen: map[string]bool{}}
+	if live {
+		nc := c.cfg.JS.Conn()
+		for _, subject := range []string{c.names.JobLive(k.Tenant, k.Pool, "*", k.ID), c.names.JobNotices(k.Tenant, k.Pool, k.ID)} {
+			sub, err := nc.Subscribe(subject, fl.receive)
+			if err != nil {
+				fl.close()
+				return nil, fmt.Errorf("follow job %s: %w", k.ID, err)
 			}
+			fl.subs = append(fl.subs, sub)
+		}
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			fl.close()
+			return nil, fmt.Errorf("follow job %s: %w", k.ID, err)
+		}
+	}
+	h, err := c.history(ctx, k)
+	if err != nil {
+		fl.close()
+		return nil, err
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	for i, rec := range h.Records {
+		fl.addRecord(rec, h.Seqs[i])
+	}
+	for _, n := range h.Notices {
+		fl.addNotice(n)
+	}
+	fl.history = true
+	for _, x := range fl.early {
+		fl.add(x)
+	}
+	fl.early = nil
+	if fl.latest == nil {
+		fl.close()
+		return nil, fmt.Errorf("%w: job %s/%s/%s", queue.ErrNotFound, k.Tenant, k.Pool, k.ID)
+	}
+	return fl, nil
+}
+
+// history reads a job's history through the dispatcher. The dispatcher
+// finds a tenant's job id in whichever pool has it (the newest, when
+// several do); when that is not the pool asked for, the pool's stream is
+// read here, without the request's secrets, as the dispatcher does.
+func (c *Console) history(ctx context.Context, k queue.JobKey) (*job.HistoryReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	h, err := c.cfg.History(ctx, k.Tenant, k.ID)
+	if err != nil {
+		return nil, err
+	}
+	if len(h.Records) == 0 || len(h.Seqs) != len(h.Records) {
+		return nil, fmt.Errorf("%w: job %s/%s/%s", queue.ErrNotFound, k.Tenant, k.Pool, k.ID)
+	}
+	if h.Records[0].Pool == k.Pool {
+		return h, nil
+	}
+	recs, seqs, err := queue.NewJobs(c.cfg.JS, c.names).History(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("%w: job %s/%s/%s", queue.ErrNotFound, k.Tenant, k.Pool, k.ID)
+	}
+	for _, r := range recs {
+		r.Secrets = ""
+	}
+	notices, err := queue.Notices(ctx, c.cfg.JS, c.names, k)
+	if err != nil {
+		c.log.Debug("a job's history without its notices", "job_id", k.ID, "err", err)
+	}
+	return &job.HistoryReply{Records: recs, Seqs: seqs, Notices: notices}, nil
+}
+
+// receive takes a version or a notice that came live.
+func (fl *follow) receive(m *nats.Msg) {
+	var x any
+	if seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64); err == nil {
+		var rec job.Record
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
 			return
 		}
-		tl.addMsg(m)
+		x = versioned{&rec, seq}
+	} else {
+		e, err := job.DecodeEvent(m.Data)
+		if err != nil {
+			return
+		}
+		x = e
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if !fl.history {
+		fl.early = append(fl.early, x)
+		return
+	}
+	fl.add(x)
+}
+
+type versioned struct {
+	rec *job.Record
+	seq uint64
+}
+
+func (fl *follow) add(x any) {
+	switch x := x.(type) {
+	case versioned:
+		fl.addRecord(x.rec, x.seq)
+	case *job.Event:
+		fl.addNotice(x)
 	}
 }
 
-// readEvents reads what a job's events are now, at most for a few
-// seconds.
-func (c *Console) readEvents(ctx context.Context, id string) *timeline {
-	tl := &timeline{}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	cons, err := c.cfg.JS.OrderedConsumer(ctx, c.names.EventsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.names.Events(id)}})
-	if err != nil {
-		tl.err = err
-		return tl
+// addRecord takes a version of the record, once.
+func (fl *follow) addRecord(rec *job.Record, seq uint64) {
+	if seq <= fl.seq {
+		return
 	}
-	for {
-		batch, err := cons.FetchNoWait(256)
-		if err != nil {
-			tl.err = err
-			return tl
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			tl.addMsg(m)
-		}
-		if got == 0 {
-			return tl
-		}
+	rec.Secrets = "" // never kept: only dispatchers and workers open them
+	fl.seq = seq
+	if rec.Request != nil {
+		fl.request = viewRequest(rec.Request)
 	}
+	if rec.Result != nil {
+		fl.result = rec.Result
+	}
+	latest := *rec
+	latest.Request, latest.Result = nil, nil
+	fl.latest = &latest
+	for _, e := range job.EventsOf(rec) {
+		fl.insert(e)
+	}
+	fl.version++
+}
+
+// addNotice takes a heartbeat or log event, once: a notice may come live
+// and in the history.
+func (fl *follow) addNotice(e *job.Event) {
+	key := fmt.Sprint(e.Type, e.Time.UnixNano(), e.Attempt, e.Phase, e.Stream, e.Line)
+	if fl.seen[key] {
+		return
+	}
+	fl.seen[key] = true
+	switch {
+	case e.Type == job.EventLog:
+		fl.logs = append(fl.logs, e)
+		if len(fl.logs) > maxLog {
+			fl.dropped += len(fl.logs) - maxLog
+			fl.logs = slices.Delete(fl.logs, 0, len(fl.logs)-maxLog)
+		}
+	case e.Type == job.EventHeartbeat && (e.Phase == "" || e.Phase == job.PhaseUsage) && e.Message == "":
+		// A running attempt's periodic heartbeat: counted, not listed.
+		fl.beats++
+		if e.Time.After(fl.beat) {
+			fl.beat = e.Time
+		}
+	default:
+		fl.insert(e)
+	}
+	fl.version++
+}
+
+// insert places an event by time; the last ones are kept.
+func (fl *follow) insert(e *job.Event) {
+	i := len(fl.events)
+	for i > 0 && fl.events[i-1].Time.After(e.Time) {
+		i--
+	}
+	fl.events = slices.Insert(fl.events, i, e)
+	if len(fl.events) > maxEvents {
+		fl.events = slices.Delete(fl.events, 0, len(fl.events)-maxEvents)
+	}
+}
+
+func (fl *follow) changed() uint64 {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.version
+}
+
+// close stops following the job.
+func (fl *follow) close() {
+	for _, s := range fl.subs {
+		_ = s.Unsubscribe()
+	}
+	fl.subs = nil
 }
 
 // jobDetail is what a job's page shows.
 type jobDetail struct {
+	Key      queue.JobKey
 	Record   *job.Record
 	Result   *job.Result
 	Request  *RequestView
-	FromDLQ  bool // the request shown is the dead letter's
 	Events   []*job.Event
 	Logs     []*job.Event
 	Dropped  int
+	Beats    int
+	Beat     time.Time
 	Attempts []job.Attempt
-	Retries  []string // jobs that retried this one (ID-retry-N)
-	Err      string
+	Retries  []Row // jobs that retried this one (ID-retry-N)
 }
 
-// detail reads what a job's page shows: its record (with its history),
-// its result, its request where it is still kept, and the events in tl.
-func (c *Console) detail(ctx context.Context, id string, tl *timeline, withRequest bool) (*jobDetail, error) {
-	s, _, err := c.store.Status(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	d := &jobDetail{Record: s.Job, Result: s.Result}
-	d.Events, d.Logs, d.Dropped, _ = tl.snapshot()
-	if tl.err != nil {
-		d.Err = "events: " + tl.err.Error()
-	}
-	d.Attempts = slices.Clone(s.Job.History)
-	if last := lastAttempt(s.Job, s.Result); last != nil {
+// detail is what fl knows of the job now.
+func (c *Console) detail(fl *follow) *jobDetail {
+	fl.mu.Lock()
+	d := &jobDetail{Key: fl.key, Record: fl.latest, Result: fl.result, Request: fl.request, Events: slices.Clone(fl.events),
+		Logs: slices.Clone(fl.logs), Dropped: fl.dropped, Beats: fl.beats, Beat: fl.beat}
+	fl.mu.Unlock()
+	d.Attempts = slices.Clone(d.Record.History)
+	if last := lastAttempt(d.Record, d.Result); last != nil {
 		d.Attempts = append(d.Attempts, *last)
 	}
-	if withRequest {
-		if dl := c.dead.find(id); dl != nil {
-			d.Request, d.FromDLQ = dl.Request, true
-		} else if !s.Job.State.Final() && s.Job.State != job.StateRejected {
-			if d.Request, err = c.findRequest(ctx, s.Job); err != nil {
-				c.log.Debug("reading a job's request", "job_id", id, "err", err)
-			}
-		}
-	}
 	for k := 1; k <= 100; k++ {
-		rid := job.RetryID(id, k)
-		if !c.index.Has(rid) {
+		rk := queue.JobKey{Tenant: fl.key.Tenant, Pool: fl.key.Pool, ID: job.RetryID(fl.key.ID, k)}
+		row, _, ok := c.index.Job(rk)
+		if !ok {
 			break
 		}
-		d.Retries = append(d.Retries, rid)
+		d.Retries = append(d.Retries, row)
 	}
-	return d, nil
+	return d
 }
 
 // lastAttempt is the attempt the record's fields describe (the one that

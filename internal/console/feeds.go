@@ -1,12 +1,11 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
-	"math"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -102,9 +101,10 @@ func (w *workers) snapshot() (live []*job.Heartbeat, pools []job.PoolCapacity, l
 }
 
 // deadLetter is what the console keeps of a dead letter: never the
-// request's env values, only their names.
+// request's env values, only their names, nor its sealed secrets.
 type deadLetter struct {
 	JobID    string
+	Tenant   string
 	Pool     string
 	Attempts int
 	Failure  job.Failure
@@ -112,6 +112,13 @@ type deadLetter struct {
 	Seq      uint64
 	Request  *RequestView
 }
+
+func (dl *deadLetter) key() queue.JobKey {
+	return queue.JobKey{Tenant: dl.Tenant, Pool: dl.Pool, ID: dl.JobID}
+}
+
+// Ref names the dead letter in a form: tenant/pool/id.
+func (dl *deadLetter) Ref() string { return dl.Tenant + "/" + dl.Pool + "/" + dl.JobID }
 
 // deadLetters keeps the newest dead letters, followed on their stream.
 type deadLetters struct {
@@ -131,29 +138,40 @@ func (d *deadLetters) add(dl *deadLetter) {
 	d.version++
 }
 
-// byPool returns the dead letters of pool (every pool when empty), newest
-// first, and the count per pool.
-func (d *deadLetters) byPool(pool string) ([]*deadLetter, map[string]int) {
+// of returns the dead letters of pool and tenant (every one when
+// empty), newest first, the count per pool (of the tenant), and the
+// tenants that have any.
+func (d *deadLetters) of(pool, tenant string) ([]*deadLetter, map[string]int, []string) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	counts := map[string]int{}
+	seen := map[string]bool{}
 	var out []*deadLetter
+	var tenants []string
 	for i := len(d.list) - 1; i >= 0; i-- {
 		dl := d.list[i]
+		if !seen[dl.Tenant] {
+			seen[dl.Tenant] = true
+			tenants = append(tenants, dl.Tenant)
+		}
+		if tenant != "" && dl.Tenant != tenant {
+			continue
+		}
 		counts[dl.Pool]++
 		if pool == "" || dl.Pool == pool {
 			out = append(out, dl)
 		}
 	}
-	return out, counts
+	slices.Sort(tenants)
+	return out, counts, tenants
 }
 
 // find returns the newest dead letter of a job.
-func (d *deadLetters) find(id string) *deadLetter {
+func (d *deadLetters) find(k queue.JobKey) *deadLetter {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for i := len(d.list) - 1; i >= 0; i-- {
-		if d.list[i].JobID == id {
+		if d.list[i].key() == k {
 			return d.list[i]
 		}
 	}
@@ -168,8 +186,12 @@ func (c *Console) followDeadLetters(ctx context.Context) {
 		func(ctx context.Context) error { return c.readDeadLetters(ctx, &last) })
 }
 
+// readDeadLetters follows the v2 dead letters, <prefix>.dlq.<pool>.<tenant>.<id>,
+// each the message that queued its job (see queue.DecodeDeadLetter). A
+// fleet's v1 dead letters (<prefix>.dlq.<pool>, a bare request) cannot be
+// retried through contract v2, and are not shown.
 func (c *Console) readDeadLetters(ctx context.Context, last *uint64) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{c.names.AllDLQ()}}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{c.names.DLQV2("*", "*", ">")}}
 	if *last > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, *last+1
 	}
@@ -192,20 +214,12 @@ func (c *Console) readDeadLetters(ctx context.Context, last *uint64) error {
 			}
 			return err
 		}
-		meta, err := m.Metadata()
+		dl, err := queue.DecodeDeadLetter(m)
 		if err != nil {
 			continue
 		}
-		*last = meta.Sequence.Stream
-		req, err := job.DecodeRequest(m.Data(), job.Limits{MaxRequestBytes: math.MaxInt})
-		if err != nil {
-			continue
-		}
-		h := m.Headers()
-		attempts, _ := strconv.Atoi(h.Get(queue.HeaderAttempts))
-		c.dead.add(&deadLetter{JobID: req.ID, Pool: req.Pool, Attempts: attempts, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
-			Failure: job.Failure{Class: job.FailureClass(h.Get(queue.HeaderFailureClass)), Code: job.FailureCode(h.Get(queue.HeaderFailureCode)),
-				Message: h.Get(queue.HeaderFailureMessage)},
-			Request: viewRequest(req)})
+		*last = dl.Seq
+		c.dead.add(&deadLetter{JobID: dl.JobID, Tenant: cmp.Or(dl.Tenant, job.DefaultTenant), Pool: dl.Pool,
+			Attempts: dl.Attempts, Time: dl.Time, Seq: dl.Seq, Failure: dl.Failure, Request: viewRequest(dl.Request)})
 	}
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,12 +44,13 @@ func (c *Console) routes() {
 	m.HandleFunc("POST /ui/logout", c.logout)
 	m.Handle("GET /ui/{$}", c.page("overview", "Overview", c.overview))
 	m.Handle("GET /ui/jobs", c.page("jobs", "Jobs", c.jobs))
-	m.Handle("GET /ui/jobs/{id}", c.page("job", "Job", c.jobPage))
+	m.HandleFunc("GET /ui/jobs/{id}", c.defaultTenantJob)
+	m.Handle("GET /ui/jobs/{tenant}/{pool}/{id}", c.page("job", "Job", c.jobPage))
 	m.Handle("GET /ui/workers", c.page("workers", "Workers", c.workersPage))
 	m.Handle("GET /ui/dlq", c.page("dlq", "Dead letters", c.dlqPage))
 	m.Handle("GET /ui/stream", c.guard(c.stream))
-	m.Handle("POST /ui/jobs/{id}/cancel", c.action(c.cancel))
-	m.Handle("POST /ui/jobs/{id}/retry", c.action(c.retryOne))
+	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/cancel", c.action(c.cancel))
+	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/retry", c.action(c.retryOne))
 	m.Handle("POST /ui/dlq/retry", c.action(c.retryMany))
 	c.mux = m
 }
@@ -90,6 +92,8 @@ func (c *Console) page(name, title string, build builder) http.Handler {
 		q.Del("notice")
 		q.Set("page", name)
 		if name == "job" {
+			q.Set("tenant", r.PathValue("tenant"))
+			q.Set("pool", r.PathValue("pool"))
 			q.Set("id", r.PathValue("id"))
 		}
 		vw.Stream = "/ui/stream?" + q.Encode()
@@ -232,6 +236,7 @@ type jobsData struct {
 	Page     Page
 	Filter   url.Values
 	States   []job.State
+	Tenants  []string
 	Pools    []string
 	Older    string
 	Newer    string
@@ -255,6 +260,7 @@ func parseFilter(q url.Values, now time.Time) (Filter, error) {
 		}
 		f.States = append(f.States, job.State(s))
 	}
+	f.Tenant = strings.TrimSpace(q.Get("tenant"))
 	f.Pool = strings.TrimSpace(q.Get("pool"))
 	f.ID = strings.TrimSpace(q.Get("id"))
 	for _, kv := range strings.FieldsFunc(q.Get("label"), func(r rune) bool { return r == ',' || r == ' ' }) {
@@ -308,7 +314,8 @@ func (c *Console) jobs(_ context.Context, r *http.Request, v *view) error {
 	}
 	before, _ := ParseCursor(q.Get("before"))
 	after, _ := ParseCursor(q.Get("after"))
-	d := &jobsData{Page: c.index.List(f, before, after, pageSize), States: states, Pools: c.index.Pools()}
+	d := &jobsData{Page: c.index.List(f, before, after, pageSize), States: states, Tenants: c.index.Tenants(),
+		Pools: c.index.Pools()}
 	base := url.Values{}
 	for k, vs := range q {
 		if k != "before" && k != "after" && k != "notice" && k != "page" && k != "every" {
@@ -318,7 +325,7 @@ func (c *Console) jobs(_ context.Context, r *http.Request, v *view) error {
 	d.Filter = base
 	d.FilterOn = len(base) > 0
 	link := func(key string, cur Cursor) string {
-		if cur.ID == "" {
+		if cur.Key.ID == "" {
 			return ""
 		}
 		l := url.Values{}
@@ -336,46 +343,91 @@ func (c *Console) jobs(_ context.Context, r *http.Request, v *view) error {
 // Job.
 
 type jobData struct {
-	ID     string
+	Key    queue.JobKey
+	Path   string // the job's page
 	D      *jobDetail
 	Trace  string
 	Cancel bool // cancel applies
-	Retry  bool // retry applies: a dead letter exists
+	Retry  bool // retry applies: the job was dead-lettered
 	// Usage is what the running attempt uses, from its worker's heartbeat;
 	// empty when it does not run or its backend cannot tell.
 	Usage string
 }
 
-func (c *Console) jobPage(ctx context.Context, r *http.Request, v *view) error {
-	id := r.PathValue("id")
-	tl := c.readEvents(ctx, id)
-	return c.fillJob(ctx, id, tl, v, true)
+// jobKey reads a job's place from a request's path or query.
+func jobKey(get func(string) string) (queue.JobKey, error) {
+	return parseKey(get("tenant"), get("pool"), get("id"))
 }
 
-func (c *Console) fillJob(ctx context.Context, id string, tl *timeline, v *view, withRequest bool) error {
-	if !job.ValidID(id) {
-		return fmt.Errorf("%w: %q", queue.ErrNotFound, id)
+func parseKey(tenant, pool, id string) (queue.JobKey, error) {
+	k := queue.JobKey{Tenant: tenant, Pool: pool, ID: id}
+	if !job.ValidTenant(k.Tenant) || !job.ValidPool(k.Pool) || !job.ValidID(k.ID) {
+		return k, fmt.Errorf("%w: %q/%q/%q", queue.ErrNotFound, k.Tenant, k.Pool, k.ID)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	d, err := c.detail(ctx, id, tl, withRequest)
+	return k, nil
+}
+
+func (c *Console) jobPage(ctx context.Context, r *http.Request, v *view) error {
+	k, err := jobKey(r.PathValue)
 	if err != nil {
 		return err
 	}
-	v.Title = "Job " + id
-	jd := &jobData{ID: id, D: d}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	fl, err := c.openJob(ctx, k, false)
+	if err != nil {
+		return err
+	}
+	c.fillJob(fl, v)
+	return nil
+}
+
+// defaultTenantJob sends /ui/jobs/{id}, the page of a job before tenants,
+// to the page of the default tenant's job of that id.
+func (c *Console) defaultTenantJob(w http.ResponseWriter, r *http.Request) {
+	if v := c.identify(w, r); !v.ok {
+		http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+		return
+	}
+	id := r.PathValue("id")
+	k, ok := c.index.Find(job.DefaultTenant, id)
+	if !ok && c.cfg.Status != nil && job.ValidID(id) {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if s, err := c.cfg.Status(ctx, job.DefaultTenant, id); err == nil && s.Job != nil {
+			k, ok = queue.Key(s.Job), true
+		}
+	}
+	if !ok {
+		c.fail(w, fmt.Errorf("%w: %q", queue.ErrNotFound, id))
+		return
+	}
+	to := jobPath(k)
+	if r.URL.RawQuery != "" {
+		to += "?" + r.URL.RawQuery
+	}
+	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+func (c *Console) fillJob(fl *follow, v *view) {
+	d := c.detail(fl)
+	k := fl.key
+	v.Title = "Job " + k.ID
+	if k.Tenant != job.DefaultTenant {
+		v.Title += " · " + k.Tenant
+	}
+	jd := &jobData{Key: k, Path: jobPath(k), D: d}
 	if c.cfg.TraceURL != "" && d.Record.TraceID != "" {
 		jd.Trace = strings.ReplaceAll(c.cfg.TraceURL, "{trace_id}", url.PathEscape(d.Record.TraceID))
 	}
 	st := d.Record.State
 	jd.Cancel = !st.Final() && st != job.StateRejected && !d.Record.CancelRequested
-	jd.Retry = (st == job.StateFailed || st == job.StateTimedOut) && d.FromDLQ
+	jd.Retry = (st == job.StateFailed || st == job.StateTimedOut) && (d.Record.DeadLettered || c.dead.find(k) != nil)
 	if st == job.StateRunning && c.work != nil {
 		live, _, _, _, _ := c.work.snapshot()
 		jd.Usage = usageOf(live, d.Record)
 	}
 	v.Data = jd
-	return nil
 }
 
 // usageOf describes what a running job's attempt uses, as its worker's
@@ -386,7 +438,8 @@ func usageOf(live []*job.Heartbeat, rec *job.Record) string {
 			continue
 		}
 		for _, r := range hb.Running {
-			if r.JobID != rec.ID || r.Attempt != rec.Attempt || r.Usage == nil {
+			if r.JobID != rec.ID || cmp.Or(r.Tenant, job.DefaultTenant) != cmp.Or(rec.Tenant, job.DefaultTenant) ||
+				r.Attempt != rec.Attempt || r.Usage == nil {
 				continue
 			}
 			u := r.Usage
@@ -437,33 +490,42 @@ func (c *Console) workersPage(_ context.Context, _ *http.Request, v *view) error
 
 type dlqRow struct {
 	*deadLetter
-	Retries []string
+	Path    string // the job's page
+	Retries []Row
 }
 
 type dlqData struct {
-	Pool   string
-	Rows   []dlqRow
-	Counts map[string]int
-	Pools  []string
-	Total  int
-	Shown  int
+	Pool, Tenant string
+	Rows         []dlqRow
+	Counts       map[string]int
+	Pools        []string
+	Tenants      []string
+	Total        int
+	Shown        int
 }
 
 const dlqPage = 200
 
 func (c *Console) dlqPage(_ context.Context, r *http.Request, v *view) error {
-	pool := r.URL.Query().Get("pool")
-	list, counts := c.dead.byPool(pool)
-	d := &dlqData{Pool: pool, Counts: counts, Shown: min(len(list), dlqPage)}
+	q := r.URL.Query()
+	pool, tenant := q.Get("pool"), q.Get("tenant")
+	list, counts, tenants := c.dead.of(pool, tenant)
+	d := &dlqData{Pool: pool, Tenant: tenant, Counts: counts, Tenants: tenants, Shown: min(len(list), dlqPage)}
 	for p, n := range counts {
 		d.Pools = append(d.Pools, p)
 		d.Total += n
 	}
 	slices.Sort(d.Pools)
 	for _, dl := range list[:d.Shown] {
-		row := dlqRow{deadLetter: dl}
-		for k := 1; k <= 100 && c.index.Has(job.RetryID(dl.JobID, k)); k++ {
-			row.Retries = append(row.Retries, job.RetryID(dl.JobID, k))
+		row := dlqRow{deadLetter: dl, Path: jobPath(dl.key())}
+		for k := 1; k <= 100; k++ {
+			rk := dl.key()
+			rk.ID = job.RetryID(dl.JobID, k)
+			retry, _, ok := c.index.Job(rk)
+			if !ok {
+				break
+			}
+			row.Retries = append(row.Retries, retry)
 		}
 		d.Rows = append(d.Rows, row)
 	}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,19 +9,20 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
-// entry is what the index keeps of one job: its record's fields that a
-// row, a filter or a count needs. Times are Unix nanoseconds, 0 for none.
+// entry is what the index keeps of one job: its latest record version's
+// fields that a row, a filter or a count needs. Times are Unix
+// nanoseconds, 0 for none.
 type entry struct {
-	id          string
-	pool        string
+	key         queue.JobKey // tenant, pool, id
+	priority    int
 	state       job.State
 	attempt     int
 	maxAttempts int
 	worker      string
-	backend     string
 	submitted   int64
 	updated     int64
 	started     int64
@@ -30,35 +32,53 @@ type entry struct {
 	hasExit     bool
 	failure     *job.Failure
 	cancelReq   bool
-	labels      map[string]string
-	traceID     string
-	rev         uint64 // the record's revision in the bucket
-	gen         uint64 // the replay of the bucket that last saw it
+	labels      []label // sorted by key
+	rev         uint64  // the version's sequence in its pool's stream
+	gen         uint64  // the replay that last saw it
+}
+
+// label is one of a job's labels.
+type label struct{ K, V string }
+
+// setLabel sets a label in a list sorted by key.
+func setLabel(ls []label, k, v string) []label {
+	i, found := slices.BinarySearchFunc(ls, k, func(l label, k string) int { return strings.Compare(l.K, k) })
+	if found {
+		ls[i].V = v
+		return ls
+	}
+	return slices.Insert(ls, i, label{k, v})
 }
 
 func (e *entry) final() bool { return e.state.Final() }
 
-// before orders entries by submission time, then id.
-func (e *entry) before(o *entry) bool {
-	if e.submitted != o.submitted {
-		return e.submitted < o.submitted
+// before orders entries by submission time, then id, tenant and pool.
+func (e *entry) before(o *entry) bool { return cmpEntry(e, o) < 0 }
+
+func cmpEntry(a, b *entry) int {
+	switch {
+	case a.submitted < b.submitted:
+		return -1
+	case a.submitted > b.submitted:
+		return 1
 	}
-	return e.id < o.id
+	return cmp.Or(strings.Compare(a.key.ID, b.key.ID), strings.Compare(a.key.Tenant, b.key.Tenant),
+		strings.Compare(a.key.Pool, b.key.Pool))
 }
 
-// Index keeps a summary of every job in the jobs bucket, ordered by
-// submission, and per-pool aggregates, updated from the bucket's watch.
-// Lists, filters and counts are served from it; nothing reads the bucket
-// per request. It is safe for concurrent use.
+// Index keeps a summary of every job in the pools' streams, ordered by
+// submission, and per-pool aggregates, updated from the streams (see
+// feed.go). Lists, filters and counts are served from it; nothing reads a
+// stream per request. It is safe for concurrent use.
 type Index struct {
-	mu    sync.RWMutex
-	byID  map[string]*entry
-	order []*entry // by (submitted, id), oldest first
-	pools map[string]*poolAgg
-	// strs interns the strings many entries share (pools, workers,
-	// failure codes), so that 100,000 entries do not hold 100,000 copies.
-	strs map[string]string
-	// names interns them while decoding, before a record is applied.
+	mu      sync.RWMutex
+	byKey   map[queue.JobKey]*entry
+	order   []*entry // by (submitted, id, tenant, pool), oldest first
+	pools   map[string]*poolAgg
+	tenants map[string]int // jobs per tenant
+	// names interns the strings many entries share (tenants, pools,
+	// workers, failure codes, labels) while decoding, so that 100,000
+	// entries do not hold 100,000 copies.
 	names interner
 	gen   uint64
 
@@ -66,7 +86,7 @@ type Index struct {
 	maxJobs   int
 
 	version atomic.Uint64 // bumped by every change
-	ready   atomic.Bool   // the first replay of the bucket is complete
+	ready   atomic.Bool   // the first replay of the streams is complete
 	applied atomic.Uint64
 }
 
@@ -74,59 +94,44 @@ type Index struct {
 // than retention, and keeps at most maxJobs (dropping the oldest finished
 // ones first).
 func NewIndex(retention time.Duration, maxJobs int) *Index {
-	return &Index{byID: map[string]*entry{}, pools: map[string]*poolAgg{}, strs: map[string]string{},
+	return &Index{byKey: map[queue.JobKey]*entry{}, pools: map[string]*poolAgg{}, tenants: map[string]int{},
 		retention: retention, maxJobs: maxJobs}
 }
 
-func (ix *Index) intern(s string) string {
-	if s == "" {
-		return ""
-	}
-	if v, ok := ix.strs[s]; ok {
-		return v
-	}
-	if len(ix.strs) < 100_000 {
-		ix.strs[s] = s
-	}
-	return s
-}
-
-// recordView is the part of a job.Record the index keeps: the scanner of
-// decode.go fills it from a record's JSON, and viewOf from a decoded
-// job.Record, so that the record's fields and their names are written once,
-// in package job.
+// recordView is the part of a job.Record version the index keeps: the
+// scanner of decode.go fills it from a record's JSON, and viewOf from a
+// decoded job.Record, so that the record's fields and their names are
+// written once, in package job. Times are Unix nanoseconds, 0 for none.
 type recordView struct {
-	ID              string // the key
-	Pool            string
-	State           job.State
-	Attempt         int
-	MaxAttempts     int
-	WorkerID        string
-	Backend         string
-	SubmittedAt     time.Time
-	UpdatedAt       time.Time
-	StartedAt       time.Time
-	FinishedAt      time.Time
-	NextAttemptAt   time.Time
-	Failure         *job.Failure
-	ExitCode        *int
-	CancelRequested bool
-	TraceID         string
-	Labels          map[string]string
+	ID, Tenant, Pool string
+	Priority         int
+	State            job.State
+	Attempt          int
+	MaxAttempts      int
+	WorkerID         string
+	SubmittedAt      int64
+	UpdatedAt        int64
+	StartedAt        int64
+	FinishedAt       int64
+	NextAttemptAt    int64
+	Failure          *job.Failure
+	ExitCode         int
+	HasExit          bool
+	CancelRequested  bool
+	Labels           []label // sorted by key
 }
 
 // viewOf is the part of r the index keeps.
 func viewOf(r *job.Record) recordView {
-	v := recordView{Pool: r.Pool, State: r.State, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, WorkerID: r.WorkerID,
-		Backend: r.Backend, SubmittedAt: r.SubmittedAt, UpdatedAt: r.UpdatedAt, Failure: r.Failure, ExitCode: r.ExitCode,
-		CancelRequested: r.CancelRequested, TraceID: r.TraceID, Labels: r.Labels}
-	for _, t := range []struct {
-		from *time.Time
-		to   *time.Time
-	}{{r.StartedAt, &v.StartedAt}, {r.FinishedAt, &v.FinishedAt}, {r.NextAttemptAt, &v.NextAttemptAt}} {
-		if t.from != nil {
-			*t.to = *t.from
-		}
+	v := recordView{ID: r.ID, Tenant: r.Tenant, Pool: r.Pool, Priority: r.Priority, State: r.State, Attempt: r.Attempt,
+		MaxAttempts: r.MaxAttempts, WorkerID: r.WorkerID, SubmittedAt: nanos(r.SubmittedAt), UpdatedAt: nanos(r.UpdatedAt),
+		StartedAt: nanosOf(r.StartedAt), FinishedAt: nanosOf(r.FinishedAt), NextAttemptAt: nanosOf(r.NextAttemptAt),
+		Failure: r.Failure, CancelRequested: r.CancelRequested}
+	if r.ExitCode != nil {
+		v.ExitCode, v.HasExit = *r.ExitCode, true
+	}
+	for k, val := range r.Labels {
+		v.Labels = setLabel(v.Labels, k, val)
 	}
 	return v
 }
@@ -138,83 +143,36 @@ func nanos(t time.Time) int64 {
 	return t.UnixNano()
 }
 
+func nanosOf(t *time.Time) int64 {
+	if t == nil {
+		return 0
+	}
+	return nanos(*t)
+}
+
 // maxMessage bounds a failure message kept per job.
 const maxMessage = 300
 
-// Apply takes one record as stored under its key at revision rev.
-func (ix *Index) Apply(key string, data []byte, rev uint64) error {
-	var r recordView
-	if err := decodeRecord(data, &r, &ix.names); err != nil {
-		return fmt.Errorf("record %s: %w", key, err)
+// Update is one record version of a pool's stream: its job's place (from
+// its subject), the version's JSON and its sequence in the stream.
+type Update struct {
+	Key  queue.JobKey
+	Data []byte
+	Seq  uint64
+}
+
+// Apply takes one record version.
+func (ix *Index) Apply(u Update) error {
+	errs := ix.ApplyAll([]Update{u})
+	if len(errs) > 0 {
+		return errs[0]
 	}
-	r.ID = key // the key is the job's id
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	ix.apply(&r, rev)
 	return nil
 }
 
-func (ix *Index) apply(r *recordView, rev uint64) {
-	e := ix.byID[r.ID]
-	fresh := e == nil
-	if fresh {
-		e = &entry{id: r.ID}
-	} else if rev != 0 && rev < e.rev {
-		e.gen = ix.gen
-		return // an older copy, from a replay
-	}
-	old := *e
-	e.pool, e.state = ix.intern(r.Pool), r.State
-	e.attempt, e.maxAttempts = r.Attempt, r.MaxAttempts
-	e.worker, e.backend = ix.intern(r.WorkerID), ix.intern(r.Backend)
-	e.submitted, e.updated = r.SubmittedAt.UnixNano(), r.UpdatedAt.UnixNano()
-	e.started, e.finished, e.next = nanos(r.StartedAt), nanos(r.FinishedAt), nanos(r.NextAttemptAt)
-	e.hasExit = r.ExitCode != nil
-	if e.hasExit {
-		e.exitCode = *r.ExitCode
-	}
-	e.failure = nil
-	if f := r.Failure; f != nil {
-		msg := f.Message
-		if len(msg) > maxMessage {
-			msg = msg[:maxMessage] + "…"
-		}
-		e.failure = &job.Failure{Class: job.FailureClass(ix.intern(string(f.Class))), Code: job.FailureCode(ix.intern(string(f.Code))), Message: msg}
-	}
-	e.cancelReq, e.traceID, e.labels = r.CancelRequested, r.TraceID, r.Labels
-	e.rev, e.gen = rev, ix.gen
-
-	if fresh {
-		ix.byID[e.id] = e
-		ix.insert(e)
-		ix.pool(e.pool).add(e, nil)
-	} else {
-		if old.submitted != e.submitted || old.id != e.id {
-			ix.remove(&old, e)
-			ix.insert(e)
-		}
-		if old.pool != e.pool {
-			ix.pool(old.pool).drop(&old)
-			ix.pool(e.pool).add(e, nil)
-		} else {
-			ix.pool(e.pool).add(e, &old)
-		}
-	}
-	ix.applied.Add(1)
-	ix.version.Add(1)
-}
-
-// Update is one write of the jobs bucket: a record, or a deletion.
-type Update struct {
-	Key     string
-	Data    []byte
-	Rev     uint64
-	Deleted bool
-}
-
-// ApplyAll takes a batch of writes, in order: the records are decoded
-// first, then applied under one lock. It returns the records it could not
-// read.
+// ApplyAll takes a batch of record versions, in order: they are decoded
+// first, then applied under one lock. It returns the versions it could
+// not read.
 func (ix *Index) ApplyAll(us []Update) []error {
 	if len(us) == 0 {
 		return nil
@@ -223,45 +181,82 @@ func (ix *Index) ApplyAll(us []Update) []error {
 	read := make([]bool, len(us))
 	var errs []error
 	for i := range us {
-		if us[i].Deleted {
-			continue
-		}
 		if err := decodeRecord(us[i].Data, &views[i], &ix.names); err != nil {
-			errs = append(errs, fmt.Errorf("record %s: %w", us[i].Key, err))
+			errs = append(errs, fmt.Errorf("record of job %s/%s/%s: %w", us[i].Key.Tenant, us[i].Key.Pool, us[i].Key.ID, err))
 			continue
 		}
-		views[i].ID, read[i] = us[i].Key, true
+		read[i] = true
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for i := range us {
-		switch {
-		case us[i].Deleted:
-			if e := ix.byID[us[i].Key]; e != nil {
-				ix.forget(e)
-				ix.version.Add(1)
-			}
-		case read[i]:
-			ix.apply(&views[i], us[i].Rev)
+		if read[i] {
+			ix.apply(us[i].Key, &views[i], us[i].Seq)
 		}
 	}
 	return errs
 }
 
-// Delete forgets a job whose key was deleted or purged.
-func (ix *Index) Delete(key string) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	if e := ix.byID[key]; e != nil {
-		ix.forget(e)
-		ix.version.Add(1)
+func (ix *Index) apply(k queue.JobKey, r *recordView, seq uint64) {
+	e := ix.byKey[k]
+	fresh := e == nil
+	if fresh {
+		e = &entry{key: k}
+	} else if seq <= e.rev {
+		e.gen = ix.gen
+		return // an older version, or this one again (a replay)
 	}
+	old := *e
+	e.priority, e.state = r.Priority, r.State
+	e.attempt, e.maxAttempts, e.worker = r.Attempt, r.MaxAttempts, r.WorkerID
+	e.submitted, e.updated = r.SubmittedAt, r.UpdatedAt
+	e.started, e.finished, e.next = r.StartedAt, r.FinishedAt, r.NextAttemptAt
+	e.exitCode, e.hasExit = r.ExitCode, r.HasExit
+	e.failure = nil
+	if f := r.Failure; f != nil {
+		short := job.Failure{Class: f.Class, Code: f.Code, Message: f.Message}
+		if len(short.Message) > maxMessage {
+			short.Message = short.Message[:maxMessage] + "…"
+		}
+		if old.failure != nil && *old.failure == short {
+			e.failure = old.failure // the version before failed the same way
+		} else {
+			e.failure = &short
+		}
+	}
+	e.cancelReq = r.CancelRequested
+	if !slices.Equal(e.labels, r.Labels) { // every version repeats the job's labels
+		e.labels = r.Labels
+	}
+	e.rev, e.gen = seq, ix.gen
+
+	if fresh {
+		ix.byKey[k] = e
+		ix.insert(e)
+		ix.pool(k.Pool).add(e, nil)
+		ix.tenants[k.Tenant]++
+	} else {
+		if old.submitted != e.submitted {
+			ix.remove(&old, e)
+			ix.insert(e)
+		}
+		ix.pool(k.Pool).add(e, &old)
+	}
+	ix.applied.Add(1)
+	ix.version.Add(1)
 }
 
 func (ix *Index) forget(e *entry) {
-	delete(ix.byID, e.id)
+	delete(ix.byKey, e.key)
 	ix.remove(e, e)
-	ix.pool(e.pool).drop(e)
+	ix.pool(e.key.Pool).drop(e)
+	ix.untenant(e.key.Tenant)
+}
+
+func (ix *Index) untenant(t string) {
+	if ix.tenants[t]--; ix.tenants[t] <= 0 {
+		delete(ix.tenants, t)
+	}
 }
 
 // insert places e in order; new jobs arrive in about the order they were
@@ -291,16 +286,6 @@ func (ix *Index) remove(key, p *entry) {
 	}
 }
 
-func cmpEntry(a, b *entry) int {
-	switch {
-	case a.submitted < b.submitted:
-		return -1
-	case a.submitted > b.submitted:
-		return 1
-	}
-	return strings.Compare(a.id, b.id)
-}
-
 func (ix *Index) pool(name string) *poolAgg {
 	p := ix.pools[name]
 	if p == nil {
@@ -310,7 +295,7 @@ func (ix *Index) pool(name string) *poolAgg {
 	return p
 }
 
-// BeginReplay marks the start of a replay of the bucket (the watch
+// BeginReplay marks the start of a replay of the streams (the feed
 // started again); EndReplay then forgets what the replay did not bring.
 func (ix *Index) BeginReplay() {
 	ix.mu.Lock()
@@ -318,8 +303,8 @@ func (ix *Index) BeginReplay() {
 	ix.mu.Unlock()
 }
 
-// EndReplay forgets the jobs the last replay did not bring (deleted while
-// the watch was down), and marks the index ready.
+// EndReplay forgets the jobs the last replay did not bring (gone while
+// the feed was down), and marks the index ready.
 func (ix *Index) EndReplay() {
 	ix.mu.Lock()
 	var gone []*entry
@@ -336,7 +321,24 @@ func (ix *Index) EndReplay() {
 	ix.version.Add(1)
 }
 
-// Ready reports whether the index holds every job of the bucket.
+// ForgetPool forgets the jobs of a pool whose stream is gone.
+func (ix *Index) ForgetPool(pool string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	var gone []*entry
+	for _, e := range ix.order {
+		if e.key.Pool == pool {
+			gone = append(gone, e)
+		}
+	}
+	for _, e := range gone {
+		ix.forget(e)
+	}
+	delete(ix.pools, pool)
+	ix.version.Add(1)
+}
+
+// Ready reports whether the index holds every job of the streams.
 func (ix *Index) Ready() bool { return ix.ready.Load() }
 
 // Version changes whenever the index does.
@@ -349,8 +351,8 @@ func (ix *Index) Len() int {
 	return len(ix.order)
 }
 
-// Sweep forgets jobs whose record expired from the bucket (older than the
-// retention), then, over maxJobs, the oldest finished ones.
+// Sweep forgets jobs whose record expired from their stream (older than
+// the retention), then, over maxJobs, the oldest finished ones.
 func (ix *Index) Sweep(now time.Time) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -361,8 +363,9 @@ func (ix *Index) Sweep(now time.Time) int {
 	for _, e := range ix.order {
 		expired := ix.retention > 0 && e.updated < cut
 		if expired || (ix.maxJobs > 0 && over > 0 && (e.final() || e.state == job.StateRejected)) {
-			delete(ix.byID, e.id)
-			ix.pool(e.pool).drop(e)
+			delete(ix.byKey, e.key)
+			ix.pool(e.key.Pool).drop(e)
+			ix.untenant(e.key.Tenant)
 			dropped++
 			over--
 			continue

@@ -1,23 +1,33 @@
 package console
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
-func put(t testing.TB, ix *Index, rec *job.Record, rev uint64) {
+// put applies a version of rec's record at sequence seq (of the default
+// tenant unless rec names one).
+func put(t testing.TB, ix *Index, rec *job.Record, seq uint64) {
 	t.Helper()
+	rec.Tenant = cmp.Or(rec.Tenant, job.DefaultTenant)
 	data, err := json.Marshal(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ix.Apply(rec.ID, data, rev); err != nil {
+	if err := ix.Apply(Update{Key: queue.Key(rec), Data: data, Seq: seq}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func key(pool, id string) queue.JobKey {
+	return queue.JobKey{Tenant: job.DefaultTenant, Pool: pool, ID: id}
 }
 
 func ptrTime(t time.Time) *time.Time { return &t }
@@ -52,13 +62,13 @@ func TestIndexFollowsAJobThroughItsStates(t *testing.T) {
 	if st[1].ByState[string(job.StateFailed)] != 1 || st[1].ByState[string(job.StateRunning)] != 0 || st[1].Failed != 1 || st[1].Started != 1 || st[0].Failed != 1 {
 		t.Fatalf("after failed: %+v", st)
 	}
-	row, rev, ok := ix.Job("j1")
+	row, rev, ok := ix.Job(key("gpu", "j1"))
 	if !ok || rev != 3 || row.ExitCode == nil || *row.ExitCode != 3 || row.Failure.Code != job.CodeExitCode || row.Worker != "w1" {
 		t.Fatalf("row: %+v rev %d", row, rev)
 	}
-	ix.Delete("j1")
+	ix.ForgetPool("gpu")
 	if ix.Len() != 0 || ix.Stats(now)[0].ByState[string(job.StateFailed)] != 0 {
-		t.Errorf("a deleted job is still counted")
+		t.Errorf("a job of a pool forgotten is still counted")
 	}
 }
 
@@ -81,7 +91,7 @@ func TestIndexListsFiltersAndPages(t *testing.T) {
 	put(t, ix, &job.Record{ID: "late-arrival", Pool: "default", State: job.StateQueued, SubmittedAt: base.Add(-time.Minute)}, 5000)
 
 	p := ix.List(Filter{}, Cursor{}, Cursor{}, 50)
-	if p.Total != 1001 || len(p.Rows) != 50 || p.Rows[0].ID != "job-000999" || p.Rows[49].ID != "job-000950" || p.Newer.ID != "" {
+	if p.Total != 1001 || len(p.Rows) != 50 || p.Rows[0].ID != "job-000999" || p.Rows[49].ID != "job-000950" || p.Newer.Key.ID != "" {
 		t.Fatalf("first page: total %d, %d rows, %s..%s, newer %v", p.Total, len(p.Rows), p.Rows[0].ID, p.Rows[len(p.Rows)-1].ID, p.Newer)
 	}
 	seen := map[string]bool{}
@@ -94,7 +104,7 @@ func TestIndexListsFiltersAndPages(t *testing.T) {
 			}
 			seen[r.ID] = true
 		}
-		if pg.Older.ID == "" {
+		if pg.Older.Key.ID == "" {
 			if pg.Rows[len(pg.Rows)-1].ID != "late-arrival" {
 				t.Errorf("the oldest job is not last: %s", pg.Rows[len(pg.Rows)-1].ID)
 			}
@@ -151,11 +161,11 @@ func TestIndexReplayForgetsDeletedJobsAndSweepExpires(t *testing.T) {
 	put(t, ix, &job.Record{ID: "a", Pool: "p", State: job.StateQueued, SubmittedAt: now, UpdatedAt: now}, 1)
 	put(t, ix, &job.Record{ID: "c", Pool: "p", State: job.StateQueued, SubmittedAt: now, UpdatedAt: now.Add(-2 * time.Hour)}, 2)
 	ix.EndReplay()
-	if ix.Has("b") || !ix.Has("a") || ix.Len() != 2 {
+	if ix.Has(key("p", "b")) || !ix.Has(key("p", "a")) || ix.Len() != 2 {
 		t.Fatalf("after the replay: b kept or a lost (%d jobs)", ix.Len())
 	}
-	if n := ix.Sweep(now); n != 1 || ix.Has("c") {
-		t.Errorf("sweep dropped %d; c kept: %v", n, ix.Has("c"))
+	if n := ix.Sweep(now); n != 1 || ix.Has(key("p", "c")) {
+		t.Errorf("sweep dropped %d; c kept: %v", n, ix.Has(key("p", "c")))
 	}
 	if st := ix.Stats(now); st[0].ByState[string(job.StateQueued)] != 1 {
 		t.Errorf("queued after the sweep: %d", st[0].ByState[string(job.StateQueued)])
@@ -163,43 +173,113 @@ func TestIndexReplayForgetsDeletedJobsAndSweepExpires(t *testing.T) {
 }
 
 // BenchmarkIndexApply measures what the index costs the dispatcher per
-// record write: decoding the record and updating the summaries.
+// record version: decoding it and updating the summaries.
 func BenchmarkIndexApply(b *testing.B) {
 	ix := NewIndex(0, 0)
-	now := time.Now()
-	// Each job is written three times (queued, running, succeeded), in
-	// the order they were submitted, as a fleet writes them.
-	const jobs = 4096
-	recs := make([][]byte, 3*jobs)
-	ids := make([]string, jobs)
-	code := 0
-	for n := range jobs {
-		ids[n] = job.NewID()
-		sub := now.Add(time.Duration(n) * time.Microsecond)
-		for i, s := range []job.State{job.StateQueued, job.StateRunning, job.StateSucceeded} {
-			r := &job.Record{ID: ids[n], Pool: "default", State: s, Attempt: 1, MaxAttempts: 3,
-				WorkerID: "worker-1", Backend: "process", SubmittedAt: sub, UpdatedAt: sub, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
-				Labels: map[string]string{"team": "build"}}
-			if s != job.StateQueued {
-				r.StartedAt = &sub
-			}
-			if s == job.StateSucceeded {
-				r.FinishedAt, r.ExitCode = &sub, &code
-			}
-			recs[3*n+i], _ = json.Marshal(r)
-		}
-	}
+	us := fleetVersions(4096)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		k := i % len(recs)
+		k := i % len(us)
 		if k == 0 && i > 0 {
 			b.StopTimer()
 			ix = NewIndex(0, 0)
 			b.StartTimer()
 		}
-		if err := ix.Apply(ids[k/3], recs[k], uint64(i+1)); err != nil {
+		if err := ix.Apply(us[k]); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// fleetVersions is the record versions of n no-op jobs as a fleet writes
+// them: queued (with the request and its sealed secrets), running,
+// succeeded (with the result), in the order they were submitted.
+func fleetVersions(n int) []Update {
+	now := time.Now()
+	out := make([]Update, 0, 3*n)
+	code := 0
+	for i := range n {
+		id := job.NewID()
+		sub := now.Add(time.Duration(i) * time.Microsecond)
+		q := &job.Record{ID: id, Tenant: job.DefaultTenant, Pool: job.DefaultPool, Priority: job.DefaultPriority,
+			State: job.StateQueued, Event: job.EventQueued, MaxAttempts: 3, SubmittedAt: sub, UpdatedAt: sub,
+			TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Labels: map[string]string{"team": "build"},
+			Request: &job.Request{ID: id, Command: []string{"make", "test"}, Env: map[string]string{"CI_TOKEN": ""},
+				Labels: map[string]string{"team": "build"}}, Secrets: strings.Repeat("x", 88)}
+		s := q.Version()
+		s.State, s.Event, s.Attempt, s.WorkerID, s.Backend, s.StartedAt = job.StateRunning, job.EventStarted, 1, "worker-1", "process", &sub
+		r := s.Version()
+		r.State, r.Event, r.FinishedAt, r.ExitCode = job.StateSucceeded, job.EventSucceeded, &sub, &code
+		r.Result = &job.Result{JobID: id, Pool: job.DefaultPool, Status: job.StatusSucceeded, Attempts: 1, ExitCode: &code,
+			StartedAt: &sub, FinishedAt: sub, WorkerID: "worker-1", Stdout: "ok\n"}
+		for v, rec := range []*job.Record{q, s, r} {
+			data, _ := json.Marshal(rec)
+			out = append(out, Update{Key: queue.Key(rec), Data: data, Seq: uint64(3*i + v + 1)})
+		}
+	}
+	return out
+}
+
+// TestIndexKeepsTenantsApart: a job is its tenant's, pool's and id's; the
+// same id in two tenants (or two pools) is two jobs, each found, listed
+// and filtered by its tenant.
+func TestIndexKeepsTenantsApart(t *testing.T) {
+	ix := NewIndex(0, 0)
+	now := time.Now()
+	put(t, ix, &job.Record{ID: "build-1", Tenant: "acme", Pool: "default", State: job.StateQueued, SubmittedAt: now,
+		Labels: map[string]string{"team": "a"}}, 1)
+	put(t, ix, &job.Record{ID: "build-1", Pool: "default", State: job.StateQueued, SubmittedAt: now.Add(time.Millisecond)}, 2)
+	put(t, ix, &job.Record{ID: "build-1", Tenant: "acme", Pool: "gpu", State: job.StateQueued, SubmittedAt: now.Add(2 * time.Millisecond)}, 1)
+	put(t, ix, &job.Record{ID: "build-1", Tenant: "acme", Pool: "default", State: job.StateRunning, SubmittedAt: now, Attempt: 1,
+		Labels: map[string]string{"team": "a"}}, 3)
+	if ix.Len() != 3 {
+		t.Fatalf("%d jobs, want 3", ix.Len())
+	}
+	if got := ix.Tenants(); len(got) != 2 || got[0] != "acme" || got[1] != "default" {
+		t.Errorf("tenants %v", got)
+	}
+	acme := ix.List(Filter{Tenant: "acme"}, Cursor{}, Cursor{}, 10)
+	if acme.Total != 2 || acme.Rows[0].Pool != "gpu" || acme.Rows[1].State != job.StateRunning || acme.Rows[1].Tenant != "acme" {
+		t.Errorf("tenant acme: %+v", acme)
+	}
+	if p := ix.List(Filter{ID: "build-1"}, Cursor{}, Cursor{}, 10); p.Total != 3 {
+		t.Errorf("id build-1 in every tenant: %d", p.Total)
+	}
+	if p := ix.List(Filter{ID: "build-1", Tenant: "default"}, Cursor{}, Cursor{}, 10); p.Total != 1 || p.Rows[0].Tenant != "default" {
+		t.Errorf("id build-1 of the default tenant: %+v", p)
+	}
+	if p := ix.List(Filter{Tenant: "acme", Labels: map[string]string{"team": "a"}}, Cursor{}, Cursor{}, 10); p.Total != 1 ||
+		p.Rows[0].Labels["team"] != "a" || p.Rows[0].Path() != "/ui/jobs/acme/default/build-1" {
+		t.Errorf("tenant acme, label team=a: %+v", p)
+	}
+	if k, ok := ix.Find("acme", "build-1"); !ok || k.Pool != "gpu" {
+		t.Errorf("find acme's build-1: %v %v, want the newest, in gpu", k, ok)
+	}
+	if _, ok := ix.Find("nobody", "build-1"); ok {
+		t.Error("found another tenant's job")
+	}
+	// Paging by cursor keeps the three apart even at one submission time.
+	same := NewIndex(0, 0)
+	for i, tenant := range []string{"a", "b", "c", "d", "e"} {
+		put(t, same, &job.Record{ID: "x", Tenant: tenant, Pool: "p", State: job.StateQueued, SubmittedAt: now}, uint64(i+1))
+	}
+	seen := map[string]bool{}
+	for c := (Cursor{}); ; {
+		pg := same.List(Filter{}, c, Cursor{}, 2)
+		for _, r := range pg.Rows {
+			seen[r.Tenant] = true
+		}
+		if pg.Older.Key.ID == "" {
+			break
+		}
+		back, ok := ParseCursor(pg.Older.String())
+		if !ok || back != pg.Older {
+			t.Fatalf("cursor %q reads back as %+v", pg.Older.String(), back)
+		}
+		c = back
+	}
+	if len(seen) != 5 {
+		t.Errorf("paging saw %d of 5 tenants", len(seen))
 	}
 }

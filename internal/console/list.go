@@ -1,11 +1,13 @@
 package console
 
 import (
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -13,6 +15,7 @@ import (
 
 // Filter selects jobs in a list.
 type Filter struct {
+	Tenant string
 	States []job.State
 	Pool   string
 	// Labels must all match (key=value).
@@ -23,31 +26,38 @@ type Filter struct {
 	Since, Until time.Time
 }
 
-// Cursor is a position in the list: a job's submission time and id.
+func (f *Filter) none() bool {
+	return f.Tenant == "" && len(f.States) == 0 && f.Pool == "" && f.ID == "" && len(f.Labels) == 0
+}
+
+// Cursor is a position in the list: a job's submission time and place.
 type Cursor struct {
-	At int64
-	ID string
+	At  int64
+	Key queue.JobKey
 }
 
 func (c Cursor) String() string {
-	if c.ID == "" {
+	if c.Key.ID == "" {
 		return ""
 	}
-	return strconv.FormatInt(c.At, 36) + "." + c.ID
+	return strconv.FormatInt(c.At, 36) + "." + c.Key.Tenant + "." + c.Key.Pool + "." + c.Key.ID
 }
 
-// ParseCursor reads a Cursor written by String.
+// ParseCursor reads a Cursor written by String (tenants and pools have no
+// dots; ids may).
 func ParseCursor(s string) (Cursor, bool) {
-	at, id, ok := strings.Cut(s, ".")
-	if !ok || id == "" {
+	parts := strings.SplitN(s, ".", 4)
+	if len(parts) != 4 || parts[3] == "" {
 		return Cursor{}, false
 	}
-	n, err := strconv.ParseInt(at, 36, 64)
+	n, err := strconv.ParseInt(parts[0], 36, 64)
 	if err != nil {
 		return Cursor{}, false
 	}
-	return Cursor{At: n, ID: id}, true
+	return Cursor{At: n, Key: queue.JobKey{Tenant: parts[1], Pool: parts[2], ID: parts[3]}}, true
 }
+
+func (c Cursor) entry() *entry { return &entry{submitted: c.At, key: c.Key} }
 
 // Page is one page of a list, newest first.
 type Page struct {
@@ -61,7 +71,9 @@ type Page struct {
 
 // Row is one job in a list.
 type Row struct {
-	ID, Pool, Worker   string
+	Tenant, Pool, ID   string
+	Priority           int
+	Worker             string
 	State              job.State
 	Attempt, Max       int
 	Submitted, Started time.Time
@@ -72,9 +84,27 @@ type Row struct {
 	CancelRequested    bool
 }
 
+// Path is the job's page.
+func (r Row) Path() string { return jobPath(queue.JobKey{Tenant: r.Tenant, Pool: r.Pool, ID: r.ID}) }
+
+// Key is the job's place.
+func (r Row) Key() queue.JobKey { return queue.JobKey{Tenant: r.Tenant, Pool: r.Pool, ID: r.ID} }
+
+// jobPath is the page of a job: /ui/jobs/<tenant>/<pool>/<id>.
+func jobPath(k queue.JobKey) string {
+	return "/ui/jobs/" + url.PathEscape(k.Tenant) + "/" + url.PathEscape(k.Pool) + "/" + url.PathEscape(k.ID)
+}
+
 func (e *entry) row() Row {
-	r := Row{ID: e.id, Pool: e.pool, Worker: e.worker, State: e.state, Attempt: e.attempt, Max: e.maxAttempts,
-		Submitted: time.Unix(0, e.submitted), Failure: e.failure, Labels: e.labels, CancelRequested: e.cancelReq}
+	r := Row{Tenant: e.key.Tenant, Pool: e.key.Pool, ID: e.key.ID, Priority: e.priority, Worker: e.worker, State: e.state,
+		Attempt: e.attempt, Max: e.maxAttempts, Submitted: time.Unix(0, e.submitted), Failure: e.failure,
+		CancelRequested: e.cancelReq}
+	if len(e.labels) > 0 {
+		r.Labels = make(map[string]string, len(e.labels))
+		for _, l := range e.labels {
+			r.Labels[l.K] = l.V
+		}
+	}
 	if e.started != 0 {
 		r.Started = time.Unix(0, e.started)
 	}
@@ -88,22 +118,54 @@ func (e *entry) row() Row {
 	return r
 }
 
+func (e *entry) label(k string) (string, bool) {
+	i, found := slices.BinarySearchFunc(e.labels, k, func(l label, k string) int { return strings.Compare(l.K, k) })
+	if !found {
+		return "", false
+	}
+	return e.labels[i].V, true
+}
+
 func (f *Filter) match(e *entry) bool {
-	if f.Pool != "" && e.pool != f.Pool {
+	if f.Tenant != "" && e.key.Tenant != f.Tenant {
+		return false
+	}
+	if f.Pool != "" && e.key.Pool != f.Pool {
 		return false
 	}
 	if len(f.States) > 0 && !slices.Contains(f.States, e.state) {
 		return false
 	}
-	if f.ID != "" && !strings.HasPrefix(e.id, f.ID) {
+	if f.ID != "" && !strings.HasPrefix(e.key.ID, f.ID) {
 		return false
 	}
 	for k, v := range f.Labels {
-		if got, ok := e.labels[k]; !ok || got != v {
+		if got, ok := e.label(k); !ok || got != v {
 			return false
 		}
 	}
 	return true
+}
+
+// exact returns the jobs whose id is f.ID, in f's tenant and pool if it
+// names them.
+func (ix *Index) exact(f Filter) []*entry {
+	var out []*entry
+	for t := range ix.tenants {
+		if f.Tenant != "" && t != f.Tenant {
+			continue
+		}
+		for p := range ix.pools {
+			if f.Pool != "" && p != f.Pool {
+				continue
+			}
+			if e := ix.byKey[queue.JobKey{Tenant: t, Pool: p, ID: f.ID}]; e != nil {
+				out = append(out, e)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *entry) int { return cmpEntry(b, a) })
+	return out
 }
 
 // List returns a page of at most limit jobs matching f, newest first:
@@ -115,12 +177,15 @@ func (ix *Index) List(f Filter, before, after Cursor, limit int) Page {
 	defer ix.mu.RUnlock()
 	var page Page
 	if f.ID != "" {
-		if e := ix.byID[f.ID]; e != nil {
-			exact := f
-			exact.ID = ""
-			if exact.match(e) && inRange(e, f) {
-				page.Rows, page.Total = []Row{e.row()}, 1
+		if exact := ix.exact(f); len(exact) > 0 {
+			rest := f
+			rest.ID = ""
+			for _, e := range exact {
+				if rest.match(e) && inRange(e, f) && len(page.Rows) < limit {
+					page.Rows = append(page.Rows, e.row())
+				}
 			}
+			page.Total = len(page.Rows)
 			return page
 		}
 	}
@@ -137,16 +202,16 @@ func (ix *Index) List(f Filter, before, after Cursor, limit int) Page {
 	window := ix.order[lo:hi]
 	// pos is where the cursor sorts in window.
 	pos := func(c Cursor) int {
-		i, _ := slices.BinarySearchFunc(window, &entry{submitted: c.At, id: c.ID}, cmpEntry)
+		i, _ := slices.BinarySearchFunc(window, c.entry(), cmpEntry)
 		return i
 	}
-	unfiltered := len(f.States) == 0 && f.Pool == "" && f.ID == "" && len(f.Labels) == 0
+	unfiltered := f.none()
 	var rows []*entry
 	switch {
-	case after.ID != "":
+	case after.Key.ID != "":
 		// The page just newer than after: walk up from it, then show newest first.
 		start := pos(after)
-		if start < len(window) && window[start].id == after.ID {
+		if start < len(window) && window[start].key == after.Key {
 			start++
 		}
 		for i := start; i < len(window) && len(rows) < limit; i++ {
@@ -157,7 +222,7 @@ func (ix *Index) List(f Filter, before, after Cursor, limit int) Page {
 		slices.Reverse(rows)
 	default:
 		end := len(window)
-		if before.ID != "" {
+		if before.Key.ID != "" {
 			end = pos(before)
 		}
 		for i := end - 1; i >= 0 && len(rows) < limit; i-- {
@@ -182,15 +247,15 @@ func (ix *Index) List(f Filter, before, after Cursor, limit int) Page {
 	if len(rows) > 0 {
 		first, last := rows[0], rows[len(rows)-1]
 		// Is there anything newer than the first row, older than the last?
-		for i := pos(Cursor{At: first.submitted, ID: first.id}) + 1; i < len(window); i++ {
+		for i := pos(Cursor{At: first.submitted, Key: first.key}) + 1; i < len(window); i++ {
 			if unfiltered || f.match(window[i]) {
-				page.Newer = Cursor{At: first.submitted, ID: first.id}
+				page.Newer = Cursor{At: first.submitted, Key: first.key}
 				break
 			}
 		}
-		for i := pos(Cursor{At: last.submitted, ID: last.id}) - 1; i >= 0; i-- {
+		for i := pos(Cursor{At: last.submitted, Key: last.key}) - 1; i >= 0; i-- {
 			if unfiltered || f.match(window[i]) {
-				page.Older = Cursor{At: last.submitted, ID: last.id}
+				page.Older = Cursor{At: last.submitted, Key: last.key}
 				break
 			}
 		}
@@ -215,11 +280,12 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// Job returns the summary of one job.
-func (ix *Index) Job(id string) (Row, uint64, bool) {
+// Job returns the summary of one job, and the sequence of the version it
+// comes from.
+func (ix *Index) Job(k queue.JobKey) (Row, uint64, bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	e := ix.byID[id]
+	e := ix.byKey[k]
 	if e == nil {
 		return Row{}, 0, false
 	}
@@ -227,10 +293,21 @@ func (ix *Index) Job(id string) (Row, uint64, bool) {
 }
 
 // Has reports whether the index holds a job.
-func (ix *Index) Has(id string) bool {
+func (ix *Index) Has(k queue.JobKey) bool {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return ix.byID[id] != nil
+	return ix.byKey[k] != nil
+}
+
+// Find returns the place of a tenant's job id: in whichever pool has it,
+// the most recently submitted when several do.
+func (ix *Index) Find(tenant, id string) (queue.JobKey, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if found := ix.exact(Filter{Tenant: tenant, ID: id}); len(found) > 0 {
+		return found[0].key, true
+	}
+	return queue.JobKey{}, false
 }
 
 // Pools lists the pools the index has seen jobs of.
@@ -242,6 +319,18 @@ func (ix *Index) Pools() []string {
 		if p.total() > 0 {
 			out = append(out, name)
 		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Tenants lists the tenants the index holds jobs of.
+func (ix *Index) Tenants() []string {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]string, 0, len(ix.tenants))
+	for t := range ix.tenants {
+		out = append(out, t)
 	}
 	slices.Sort(out)
 	return out

@@ -31,7 +31,11 @@ func benchConsole(tb testing.TB, n int) *Console {
 	code := 0
 	for i := range n {
 		sub := base.Add(time.Duration(i) * 6 * time.Second)
-		rec := &job.Record{ID: fmt.Sprintf("job-%07d", i), Pool: pools[i%len(pools)], State: states[i%len(states)], Attempt: 1,
+		tenant := job.DefaultTenant
+		if i%5 == 3 {
+			tenant = "acme" // a tenant with a fifth of the jobs
+		}
+		rec := &job.Record{ID: fmt.Sprintf("job-%07d", i), Tenant: tenant, Pool: pools[i%len(pools)], State: states[i%len(states)], Attempt: 1,
 			MaxAttempts: 3, WorkerID: fmt.Sprintf("worker-%d", i%20), SubmittedAt: sub, UpdatedAt: sub, StartedAt: &sub,
 			Labels: map[string]string{"team": fmt.Sprintf("team-%d", i%13), "kind": "ci"}}
 		if rec.State.Final() {
@@ -71,6 +75,7 @@ func BenchmarkJobsPage100k(b *testing.B) {
 		{"state+pool+label", "/ui/jobs?state=failed&pool=gpu&label=team%3Dteam-5"},
 		{"id-prefix", "/ui/jobs?id=job-00123"},
 		{"last-hour", "/ui/jobs?range=1h"},
+		{"tenant", "/ui/jobs?tenant=acme"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
@@ -87,16 +92,27 @@ func TestJobsPageWith100kJobs(t *testing.T) {
 	start := time.Now()
 	page := get(t, c, "/ui/jobs")
 	t.Logf("the newest page of 100,000 jobs in %s (%d bytes)", time.Since(start), len(page))
-	if n := strings.Count(page, `<tr id="job-`); n != 50 || !strings.Contains(page, `id="job-job-0099999"`) {
+	if n := strings.Count(page, `<tr id="job-`); n != 50 || !strings.Contains(page, `id="job-default.batch.job-0099999"`) {
 		t.Errorf("the newest page has %d rows, or not the newest job", n)
 	}
 	page = get(t, c, "/ui/jobs?state=failed&pool=gpu&label=team%3Dteam-5")
 	for _, row := range strings.Split(page, `<tr id="job-`)[1:] {
-		if !strings.Contains(row, `data-state="failed"`) || !strings.Contains(row, "<td>gpu</td>") || !strings.Contains(row, "team=team-5") {
+		if !strings.Contains(row, `data-state="failed"`) || !strings.Contains(row, "<td>gpu</td>") || !strings.Contains(row, "team=team-5") ||
+			!strings.Contains(row, ".gpu.") {
 			t.Fatalf("a row that does not match the filter: %.300s", row)
 		}
 	}
 	if !strings.Contains(page, `<b id="total">`) {
 		t.Error("no total")
+	}
+	page = get(t, c, "/ui/jobs?tenant=acme&state=failed")
+	rows := strings.Split(page, `<tr id="job-`)[1:]
+	if len(rows) != 50 || !strings.Contains(page, `<b id="total">10000</b>`) {
+		t.Errorf("tenant acme, failed: %d rows, want 50 of 10000", len(rows))
+	}
+	for _, row := range rows {
+		if !strings.HasPrefix(row, "acme.") || !strings.Contains(row, `data-state="failed"`) {
+			t.Fatalf("a row that does not match tenant=acme&state=failed: %.300s", row)
+		}
 	}
 }

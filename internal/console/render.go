@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"embed"
 	"fmt"
 	"html"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -63,6 +65,9 @@ var funcs = template.FuncMap{
 	"rangeKeys":  func() []string { return []string{"15m", "1h", "6h", "24h", "7d"} },
 	"deref64":    func(p *int64) int64 { return *p },
 	"add":        func(a, b int) int { return a + b },
+	"runningPath": func(r job.RunningAttempt, pool string) string {
+		return jobPath(queue.JobKey{Tenant: cmp.Or(r.Tenant, job.DefaultTenant), Pool: pool, ID: r.JobID})
+	},
 	"sortedKeys": func(m map[string]string) []string {
 		k := make([]string, 0, len(m))
 		for key := range m {

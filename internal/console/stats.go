@@ -248,7 +248,7 @@ func (ix *Index) oldestQueued(p *poolAgg) *entry {
 		p.dirty, p.oldest = false, nil
 		if p.byState[stateIndex(job.StateQueued)] > 0 {
 			for _, e := range ix.order {
-				if e.pool == p.name && e.state == job.StateQueued {
+				if e.key.Pool == p.name && e.state == job.StateQueued {
 					p.oldest = e
 					break
 				}

@@ -51,30 +51,24 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		build = c.dlqPage
 		changed = func() uint64 { return c.dead.versionOf() + c.index.Version() }
 	case "job":
-		id := q.Get("id")
-		tl := c.readEvents(ctx, id)
-		go c.followEvents(ctx, id, tl)
-		// The request does not change: read once, drawn on every update.
-		var req *RequestView
-		var fromDLQ, read bool
-		build = func(ctx context.Context, r *http.Request, vw *view) error {
-			if err := c.fillJob(ctx, id, tl, vw, !read); err != nil {
-				return err
-			}
-			jd := vw.Data.(*jobData)
-			if !read {
-				req, fromDLQ, read = jd.D.Request, jd.D.FromDLQ, true
-			} else {
-				jd.D.Request, jd.D.FromDLQ = req, fromDLQ
-				jd.Retry = jd.Retry || fromDLQ && (jd.D.Record.State == "failed" || jd.D.Record.State == "timed_out")
-			}
+		k, err := jobKey(q.Get)
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		fl, err := c.openJob(octx, k, true)
+		cancel()
+		if err != nil {
+			c.fail(w, err)
+			return
+		}
+		defer fl.close()
+		build = func(_ context.Context, _ *http.Request, vw *view) error {
+			c.fillJob(fl, vw)
 			return nil
 		}
-		changed = func() uint64 {
-			_, rev, _ := c.index.Job(id)
-			_, _, _, tv := tl.snapshot()
-			return rev + tv<<32
-		}
+		changed = fl.changed
 	default:
 		http.Error(w, "page: one of overview, jobs, job, workers, dlq", http.StatusBadRequest)
 		return

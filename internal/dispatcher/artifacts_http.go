@@ -116,7 +116,7 @@ func (a *API) logs(w http.ResponseWriter, r *http.Request) {
 			n = max(rec.Attempt, 1)
 		}
 		h.Set("X-Fleet-Attempt", strconv.Itoa(n))
-		lr, err := a.artifactStore().OpenLog(ctx, id, n, artifact.ReadLogOptions{})
+		lr, err := a.artifactStore().OpenLog(ctx, queue.Key(rec), n, artifact.ReadLogOptions{})
 		if err != nil {
 			a.failFile(w, err)
 			return

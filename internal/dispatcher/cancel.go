@@ -172,6 +172,8 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 			v, err = d.History(ctx, tenant, id)
 		case "retry":
 			v, err = d.RetryDeadLetter(ctx, tenant, id)
+		case "uploads":
+			v, err = d.Uploads(ctx, tenant)
 		default:
 			return json.Marshal(&job.ErrorReply{Error: "unknown request " + verb})
 		}

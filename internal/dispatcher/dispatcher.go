@@ -123,6 +123,7 @@ type Dispatcher struct {
 
 	replies *replies
 	pools   sync.Map // pool → true, once its stream is ensured
+	uploads sync.Map // tenant → true, once its uploads bucket is ensured
 	// poolNames lists the pools that have a stream, as last listed.
 	poolsMu     sync.Mutex
 	poolNames   []string
@@ -222,6 +223,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.names.AllRequests("status"):  d.onRequest,
 		d.names.AllRequests("history"): d.onRequest,
 		d.names.AllRequests("retry"):   d.onRequest,
+		d.names.AllUploadsRequests():   d.onRequest,
 		d.names.AllPools():             d.onPool,
 		d.names.AllScheduleRequests():  d.onSchedule,
 	}

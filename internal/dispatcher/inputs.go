@@ -1,29 +1,47 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sort"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
 // inputCheck refuses at admission a request whose inputs by reference
-// name objects that are not in the fleet's object store, or that differ
-// from their reference: one direct get per input, for the requests that
-// have some. A worker checks again, against the bytes, before the job
-// runs. Then the next admission, if any, decides.
+// name objects that are not its tenant's (see artifact.CheckInputRef),
+// that are not in the fleet's object store, or that differ from their
+// reference: one direct get per input, for the requests that have some.
+// A worker checks again, against the bytes, before the job runs. Then the
+// next admission, if any, decides.
 type inputCheck struct {
 	s     *artifact.Store
 	limit int64
 	next  Admission
 }
 
+// tenantKey carries the tenant of a request to the admissions.
+type tenantKey struct{}
+
+// withTenant is ctx for admitting a request of tenant.
+func withTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// tenantFrom is the tenant of the request being admitted: the default
+// tenant's unless withTenant said otherwise.
+func tenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return cmp.Or(t, job.DefaultTenant)
+}
+
 func (c inputCheck) Admit(ctx context.Context, r *job.Request) (string, error) {
 	if len(r.InputRefs) > 0 {
-		if err := c.check(ctx, r); err != nil {
+		if err := c.check(ctx, tenantFrom(ctx), r); err != nil {
 			return "", err
 		}
 	}
@@ -33,7 +51,7 @@ func (c inputCheck) Admit(ctx context.Context, r *job.Request) (string, error) {
 	return c.next.Admit(ctx, r)
 }
 
-func (c inputCheck) check(ctx context.Context, r *job.Request) error {
+func (c inputCheck) check(ctx context.Context, tenant string, r *job.Request) error {
 	names := make([]string, 0, len(r.InputRefs))
 	for name := range r.InputRefs {
 		names = append(names, name)
@@ -42,13 +60,9 @@ func (c inputCheck) check(ctx context.Context, r *job.Request) error {
 	var total int64
 	for _, name := range names {
 		ref := r.InputRefs[name]
-		bucket := ref.Bucket
-		switch bucket {
-		case "":
-			bucket = c.s.Uploads()
-		case c.s.Uploads(), c.s.Artifacts():
-		default:
-			return fmt.Errorf("input_refs[%s].bucket: %q is not one of the fleet's buckets (%s, %s)", name, bucket, c.s.Uploads(), c.s.Artifacts())
+		bucket := cmp.Or(ref.Bucket, c.s.UploadsOf(tenant))
+		if err := c.s.CheckInputRef(tenant, bucket, ref.Key); err != nil {
+			return fmt.Errorf("input_refs[%s]: %w", name, err)
 		}
 		info, err := c.s.Stat(ctx, bucket, ref.Key)
 		switch {
@@ -66,4 +80,26 @@ func (c inputCheck) check(ctx context.Context, r *job.Request) error {
 		}
 	}
 	return nil
+}
+
+// Uploads makes sure tenant's uploads bucket exists, and names it: the
+// answer to the tenant's request <prefix>.t.<tenant>.uploads, which its
+// producers send before they first upload (they may write their bucket,
+// not create it).
+func (d *Dispatcher) Uploads(ctx context.Context, tenant string) (*queue.UploadsReply, error) {
+	v, _ := d.uploads.LoadOrStore(tenant, &poolSetup{})
+	p := v.(*poolSetup)
+	bucket := d.names.UploadsBucket(tenant)
+	if p.done.Load() {
+		return &queue.UploadsReply{Bucket: bucket}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.done.Load() {
+		if _, err := queue.EnsureUploads(ctx, d.js, d.cfg.Queue, tenant, d.log); err != nil {
+			return nil, err
+		}
+		p.done.Store(true)
+	}
+	return &queue.UploadsReply{Bucket: bucket}, nil
 }

@@ -67,10 +67,24 @@ func (d *Dispatcher) refreshLag(ctx context.Context) {
 	l := d.lag
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	// Every stream that holds jobs: the pools' own, or the shared one.
-	names := d.js.StreamNames(cctx, jetstream.WithStreamListSubject(d.names.AllJobs()))
+	// Every stream that holds jobs: the pools' own (v2), and with v1 the
+	// v1 pools' streams or the shared one.
+	var streams []string
+	subjects := []string{d.names.AllPoolSubjects()}
+	if d.cfg.Queue.V1 {
+		subjects = append(subjects, d.names.AllJobs())
+	}
+	for _, subj := range subjects {
+		names := d.js.StreamNames(cctx, jetstream.WithStreamListSubject(subj))
+		for name := range names.Name() {
+			streams = append(streams, name)
+		}
+		if names.Err() != nil {
+			return
+		}
+	}
 	pending, inFlight := map[string]uint64{}, map[string]int{}
-	for name := range names.Name() {
+	for _, name := range streams {
 		s, err := d.js.Stream(cctx, name)
 		if err != nil {
 			return
@@ -81,14 +95,12 @@ func (d *Dispatcher) refreshLag(ctx context.Context) {
 			if !ok {
 				continue
 			}
-			pending[pool], inFlight[pool] = info.NumPending, info.NumAckPending
+			pending[pool] += info.NumPending // a v1 stream left from before, and the v2 one
+			inFlight[pool] += info.NumAckPending
 		}
 		if list.Err() != nil {
 			return
 		}
-	}
-	if names.Err() != nil {
-		return
 	}
 	l.mu.Lock()
 	l.pending, l.inFlight = pending, inFlight

@@ -102,7 +102,7 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 	req.Normalize()
 	var warning string
 	if d.cfg.Admission != nil {
-		w, err := d.cfg.Admission.Admit(ctx, req)
+		w, err := d.cfg.Admission.Admit(withTenant(ctx, tenant), req)
 		if err != nil {
 			var te errTransient
 			if errors.As(err, &te) {

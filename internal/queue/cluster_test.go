@@ -72,7 +72,7 @@ func TestSetupOnAFreshClusterFromTwoProcessesAtOnce(t *testing.T) {
 			<-start
 			t0 := time.Now()
 			if errs[i] = queue.Setup(ctx, js, cfg, logs[i].logger()); errs[i] == nil {
-				_, errs[i] = queue.IntakeConsumer(ctx, js, cfg, logs[i].logger())
+				_, errs[i] = queue.IntakeConsumerV2(ctx, js, cfg, logs[i].logger())
 			}
 			took[i] = time.Since(t0)
 		}()
@@ -109,7 +109,7 @@ func TestSetupOnAFreshClusterFromTwoProcessesAtOnce(t *testing.T) {
 	if err := queue.Setup(ctx, js, cfg, log.logger()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := queue.IntakeConsumer(ctx, js, cfg, log.logger()); err != nil {
+	if _, err := queue.IntakeConsumerV2(ctx, js, cfg, log.logger()); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(t0); d > 2*time.Second || strings.Contains(log.String(), "waiting") {
@@ -133,12 +133,12 @@ func TestWorkerSetupWaitsForTheClusterAndTheDispatcher(t *testing.T) {
 	}
 	done := make(chan bound, 1)
 	go func() {
-		_, err := queue.NewStore(ctx, wjs, cfg.Names, log.logger())
+		_, err := queue.OpenSealer(ctx, wjs, cfg.Names, false, log.logger())
 		if err != nil {
 			done <- bound{err: err}
 			return
 		}
-		cons, err := queue.PoolConsumer(ctx, wjs, cfg, "default", log.logger())
+		cons, err := queue.PoolConsumerV2(ctx, wjs, cfg, "default", log.logger())
 		done <- bound{cons, err}
 	}()
 	// It waits, and says why.
@@ -154,7 +154,11 @@ func TestWorkerSetupWaitsForTheClusterAndTheDispatcher(t *testing.T) {
 		t.Fatalf("bound before a dispatcher created anything: %v", b.err)
 	case <-time.After(3 * time.Second):
 	}
-	if err := queue.Setup(ctx, newJS(t, c.Connect(t)), cfg, nil); err != nil {
+	djs := newJS(t, c.Connect(t))
+	if err := queue.Setup(ctx, djs, cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := queue.OpenSealer(ctx, djs, cfg.Names, true, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -168,7 +172,7 @@ func TestWorkerSetupWaitsForTheClusterAndTheDispatcher(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("worker setup still waits after the streams exist:\n%s", log)
 	}
-	if !strings.Contains(log.String(), "bucket fleet-jobs") {
+	if !strings.Contains(log.String(), "bucket fleet-keys") {
 		t.Errorf("the log does not say what it waits for:\n%s", log)
 	}
 }

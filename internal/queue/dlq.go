@@ -46,6 +46,10 @@ func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, tenant, p
 	}
 }
 
+// DecodeDeadLetter reads a message of the dead-letter stream (contract
+// v2): the message that queued its job, with its last failure in headers.
+func DecodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) { return decodeDeadLetter(m) }
+
 func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
 	var rec job.Record
 	if err := json.Unmarshal(m.Data(), &rec); err != nil {

@@ -158,12 +158,35 @@ func (n Names) PoolQueued(pool string, p int) string {
 // PoolSubjects is what a pool's stream holds.
 func (n Names) PoolSubjects(pool string) string { return n.prefix() + ".p." + pool + ".>" }
 
+// AllPoolSubjects are the subjects of every pool's stream (v2).
+func (n Names) AllPoolSubjects() string { return n.prefix() + ".p.>" }
+
 // PoolStreamV2 is the stream of a pool's jobs and their states.
 func (n Names) PoolStreamV2(pool string) string { return n.stream("POOL_" + pool) }
 
 // JobLive is the subject a job's record versions are republished on.
 func (n Names) JobLive(tenant, pool, kind, id string) string {
 	return n.prefix() + ".t." + tenant + ".job." + pool + "." + kind + "." + id
+}
+
+// AllJobLive matches the live copies of every tenant's record versions.
+func (n Names) AllJobLive() string { return n.prefix() + ".t.*.job.*.*.>" }
+
+// ParseJobLive reads the subject of a record version's live copy.
+func (n Names) ParseJobLive(subject string) (kind string, k JobKey, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix()+".t.")
+	if !ok {
+		return "", JobKey{}, false
+	}
+	// By hand, not with strings.Split: the console reads every version's.
+	tenant, rest, ok1 := strings.Cut(rest, ".")
+	rest, ok2 := strings.CutPrefix(rest, "job.")
+	pool, rest, ok3 := strings.Cut(rest, ".")
+	kind, id, ok4 := strings.Cut(rest, ".")
+	if !ok1 || !ok2 || !ok3 || !ok4 || tenant == "" || pool == "" || kind == "" || id == "" {
+		return "", JobKey{}, false
+	}
+	return kind, JobKey{Tenant: tenant, Pool: pool, ID: id}, true
 }
 
 // JobNotices is the subject of a job's heartbeat and log events.

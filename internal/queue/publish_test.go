@@ -65,7 +65,7 @@ func TestResultIsPublishedOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cfg := queue.Config{MemoryStorage: true}
+	cfg := queue.Config{MemoryStorage: true, V1: true} // v1 results, which the bridge publishes
 	if err := queue.Setup(ctx, js, cfg, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -214,15 +214,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 		})
 	}
 	for _, oc := range c.ObjectStores() {
-		run(func() error {
-			if err := retry(ctx, js, log, "bucket "+oc.Bucket, func(ctx context.Context) error {
-				_, err := js.CreateOrUpdateObjectStore(ctx, oc)
-				return err
-			}); err != nil {
-				return fmt.Errorf("create bucket %s: %w", oc.Bucket, err)
-			}
-			return nil
-		})
+		run(func() error { return EnsureObjectStore(ctx, js, oc, log) })
 	}
 	wg.Wait()
 	return first
@@ -364,8 +356,10 @@ func (c Config) PoolStreamV2(pool string) jetstream.StreamConfig {
 	}
 }
 
-// EnsurePoolStream creates or updates a pool's stream, waiting as Setup
-// does. Dispatchers call it before they queue a pool's first job.
+// EnsurePoolStream creates or updates a pool's stream and its artifacts
+// bucket (what its workers store: see ArtifactsStore), waiting as Setup
+// does. Dispatchers call it before they queue a pool's first job, so that
+// a pool's bucket is there before any of its workers stores in it.
 func EnsurePoolStream(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Stream, error) {
 	c = c.WithDefaults()
 	sc := c.PoolStreamV2(pool)
@@ -376,6 +370,9 @@ func EnsurePoolStream(ctx context.Context, js jetstream.JetStream, c Config, poo
 	})
 	if err != nil {
 		return nil, fmt.Errorf("stream of pool %s: %w", pool, err)
+	}
+	if err := EnsureObjectStore(ctx, js, c.ArtifactsStore(pool), log); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", pool, err)
 	}
 	return stream, nil
 }

@@ -1,7 +1,9 @@
 package security_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -12,14 +14,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fleet-dev/fleet/client"
-	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/job"
 )
 
-// withPool copies the shipped configuration into a temporary folder and
-// adds a pool with add-pool.sh, as an operator would.
-func withPool(t *testing.T, pool string) string {
+// configured copies the shipped configuration into a temporary folder and
+// adds pools with add-pool.sh and tenants with add-tenant.sh, as an
+// operator would.
+func configured(t *testing.T, pools, tenants []string) string {
 	t.Helper()
 	conf := filepath.Join(t.TempDir(), "fleet.conf")
 	data, err := os.ReadFile(shipped(t, "fleet.conf"))
@@ -29,19 +31,31 @@ func withPool(t *testing.T, pool string) string {
 	if err := os.WriteFile(conf, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("sh", shipped(t, "add-pool.sh"), pool, conf).CombinedOutput()
-	if err != nil {
-		t.Fatalf("add-pool.sh: %v\n%s", err, out)
+	run := func(script, name string) {
+		out, err := exec.Command("sh", shipped(t, script), name, conf).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", script, name, err, out)
+		}
+	}
+	for _, p := range pools {
+		run("add-pool.sh", p)
+	}
+	for _, tn := range tenants {
+		run("add-tenant.sh", tn)
 	}
 	return conf
 }
 
-// refused asserts that the server refused an operation of c on subject:
-// the connection is told (asynchronously), and the server logs it. The
-// server tells the client before it logs, so the log is waited for too.
+// refused asserts that the server refused an operation of c on subject
+// with a permissions violation: the connection is told (asynchronously),
+// and the server logs it. A nil c is a client of another program: only
+// the server's log is read. The server tells the client before it logs, so
+// the log is waited for too.
 func refused(t *testing.T, s *natsServer, c *conn, subject string) {
 	t.Helper()
-	c.errs.wait(t, "Permissions Violation", `"`+subject+`"`)
+	if c != nil {
+		c.errs.wait(t, "Permissions Violation", `"`+subject+`"`)
+	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		for _, v := range s.log.violations() {
 			if containsAll(v, `"`+subject+`"`) {
@@ -52,11 +66,14 @@ func refused(t *testing.T, s *natsServer, c *conn, subject string) {
 	t.Fatalf("the server logged no violation on %s: %q", subject, s.log.violations())
 }
 
-// jsRequest sends a JetStream API request that must be refused: the
-// server reports the violation, and no answer comes.
+// jsRequest sends a request that must be refused: the server reports the
+// violation, and no answer comes.
 func jsRequest(t *testing.T, s *natsServer, c *conn, subject string, body any) {
 	t.Helper()
-	data, _ := json.Marshal(body)
+	var data []byte
+	if body != nil {
+		data, _ = json.Marshal(body)
+	}
 	inbox := c.NewInbox()
 	sub, err := c.SubscribeSync(inbox)
 	if err != nil {
@@ -72,219 +89,229 @@ func jsRequest(t *testing.T, s *natsServer, c *conn, subject string, body any) {
 	}
 }
 
-// TestRolesAreConfined checks what each role must not do, on a server with
-// the shipped configuration and a second pool added by add-pool.sh.
-func TestRolesAreConfined(t *testing.T) {
-	k := makeKeys(t, roleDispatcher, roleProducer, roleWorker("default"), roleWorker("other"))
-	s := startServer(t, withPool(t, "other"))
+// forbidden is one operation a role must be refused.
+type forbidden struct {
+	name    string
+	c       *conn
+	op      string // "pub" (a plain publish), "sub", or "req" (a request, its answer must not come)
+	subject string
+	body    any
+}
+
+func (o forbidden) run(t *testing.T, s *natsServer) {
+	t.Helper()
+	switch o.op {
+	case "pub":
+		data, _ := json.Marshal(o.body)
+		if err := o.c.Publish(o.subject, data); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, s, o.c, o.subject)
+	case "sub":
+		sub, err := o.c.SubscribeSync(o.subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused(t, s, o.c, o.subject)
+		if m, err := sub.NextMsg(50 * time.Millisecond); err == nil {
+			t.Fatalf("received %s on %s", m.Data, o.subject)
+		}
+	case "req":
+		jsRequest(t, s, o.c, o.subject, o.body)
+	default:
+		t.Fatalf("unknown op %q", o.op)
+	}
+}
+
+// victim is a job of tenant default in pool gpu with what a tenant must
+// not read and a worker of another pool must not write: its records, its
+// result, its notices, an output stored as an object, its log, its
+// input uploaded by its tenant.
+type victim struct {
+	id       string
+	result   *job.Result
+	output   job.Artifact
+	upload   job.InputRef
+	logChunk string // the subject of its log's first chunk
+}
+
+func newVictim(t *testing.T, f *fleet) *victim {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	qc := queue.Config{AckWait: 5 * time.Second}
-
-	// The dispatcher sets up the streams; each pool's worker creates its
-	// consumer; a job waits for pool "other".
-	disp := connectAs(t, s.url(), k, roleDispatcher)
-	djs, _ := jetstream.New(disp.Conn)
-	if err := queue.Setup(ctx, djs, qc, nil); err != nil {
-		t.Fatal(err)
-	}
-	other := connectAs(t, s.url(), k, roleWorker("other"))
-	ojs, _ := jetstream.New(other.Conn)
-	otherCons, err := queue.PoolConsumer(ctx, ojs, qc, "other", nil)
+	ref, err := f.client.Upload(ctx, "victim/in.bin", bytes.NewReader(bytes.Repeat([]byte("secret "), 50_000)))
 	if err != nil {
-		t.Fatalf("worker of pool other: %v", err)
+		t.Fatalf("upload: %v", err)
 	}
-	if _, err := djs.Publish(ctx, "fleet.jobs.other", []byte(`{"id":"secret-job","command":["true"],"env":{"TOKEN":"s3cret"}}`)); err != nil {
+	id := f.submit(t, &job.Request{Pool: "gpu", Command: []string{"files"}, Outputs: []string{"out.bin"},
+		InputRefs: map[string]job.InputRef{"in.bin": *ref}})
+	r := f.result(t, id)
+	if r.Status != job.StatusSucceeded {
+		t.Fatalf("the victim job: %+v", r)
+	}
+	store := artifact.New(f.d.JetStream(), artifact.Config{})
+	logChunk, err := store.ChunkSubject("fleet-artifacts-gpu", artifact.LogKey("default", id, 1), 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	work := connectAs(t, s.url(), k, roleWorker("default"))
-	wjs, _ := jetstream.New(work.Conn)
-	if _, err := queue.PoolConsumer(ctx, wjs, qc, "default", nil); err != nil {
-		t.Fatalf("worker of pool default: %v", err)
+	return &victim{id: id, result: r, output: r.Artifacts["out.bin"], upload: *ref, logChunk: logChunk}
+}
+
+// chunk is the subject of the first chunk of an object.
+func chunk(t *testing.T, f *fleet, bucket, key string) string {
+	t.Helper()
+	s, err := artifact.New(f.d.JetStream(), artifact.Config{}).ChunkSubject(bucket, key, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	prod := connectAs(t, s.url(), k, roleProducer)
-	pjs, _ := jetstream.New(prod.Conn)
+	return s
+}
 
-	msgs := func(stream string) uint64 { return s.streamMsgs(t, stream) }
+func meta(bucket, key string) string {
+	return "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(key))
+}
 
-	t.Run("a producer cannot publish jobs, results, events, states or dead letters", func(t *testing.T) {
-		before := map[string]uint64{}
-		for _, st := range []string{"FLEET_JOBS_default", "FLEET_JOBS_other", "FLEET_RESULTS", "FLEET_EVENTS", "FLEET_DLQ", "KV_fleet-jobs"} {
-			before[st] = msgs(st)
-		}
-		for _, subj := range []string{"fleet.jobs.default", "fleet.jobs.other", "fleet.results.j1", "fleet.events.j1",
-			"fleet.dlq.default", "$KV.fleet-jobs.j1", "fleet.pools.default.pause", "fleet.pools.default.resume", "$KV.fleet-pools.default"} {
-			if err := prod.Publish(subj, []byte(`{}`)); err != nil {
-				t.Fatal(err)
-			}
-			refused(t, s, prod, subj)
-		}
-		// Through JetStream too: no acknowledgement comes.
-		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		defer cancel()
-		if _, err := pjs.Publish(short, "fleet.jobs.default", []byte(`{}`)); err == nil {
-			t.Fatal("a producer's job was stored")
-		}
+// TestRolesAreConfined checks, one test per operation, what each role of
+// the shipped configuration must not do, on a fleet with two pools
+// (default, gpu) and two tenants (default, acme): each is refused with a
+// permissions violation, and nothing it aimed at changed.
+func TestRolesAreConfined(t *testing.T) {
+	f := startFleet(t)
+	v := newVictim(t, f)
+	op := connectAs(t, f.srv.url(), f.keys, roleOperator)
+	acme, work := f.acmeConn, f.work
+	s := f.srv
+
+	outChunk := chunk(t, f, v.output.Bucket, v.output.Key)
+	upChunk := chunk(t, f, v.upload.Bucket, v.upload.Key)
+	before := map[string]uint64{}
+	for _, st := range []string{"FLEET_POOL_gpu", "FLEET_POOL_default", "FLEET_DLQ", "FLEET_EVENTS", "FLEET_INTAKE",
+		"OBJ_fleet-artifacts-gpu", "OBJ_fleet-uploads-default"} {
+		before[st] = s.streamMsgs(t, st)
+	}
+	var (
+		rec    = map[string]any{"id": v.id, "tenant": "default", "pool": "gpu", "state": "succeeded"}
+		pull   = map[string]any{"batch": 1, "expires": int64(time.Second)}
+		lastOf = func(subject string) map[string]any { return map[string]any{"last_by_subj": subject} }
+	)
+
+	for _, o := range []forbidden{
+		// A worker of pool default, against a job of pool gpu.
+		{"a default worker publishes a gpu job's result", work, "pub", "fleet.p.gpu.r.default." + v.id, rec},
+		{"a default worker overwrites a gpu job's record", work, "pub", "fleet.p.gpu.s.default." + v.id, rec},
+		{"a default worker publishes a gpu job's event", work, "pub", "fleet.t.default.ev.gpu." + v.id, rec},
+		{"a default worker dead-letters a gpu job", work, "pub", "fleet.dlq.gpu.default." + v.id, rec},
+		{"a default worker writes gpu's outputs (a chunk)", work, "pub", outChunk, "forged"},
+		{"a default worker writes gpu's outputs (a description)", work, "pub", meta(v.output.Bucket, v.output.Key), rec},
+		{"a default worker purges gpu's outputs", work, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts-gpu", nil},
+		{"a default worker deletes gpu's bucket", work, "req", "$JS.API.STREAM.DELETE.OBJ_fleet-artifacts-gpu", nil},
+		{"a default worker pulls gpu's jobs", work, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"a default worker reads gpu's records", work, "req", "$JS.API.DIRECT.GET.FLEET_POOL_gpu", lastOf("fleet.p.gpu.>")},
+		{"a default worker acknowledges gpu's messages", work, "pub", "$JS.ACK.FLEET_POOL_gpu.jobs-gpu.1.1.1.1.1", "+ACK"},
+		{"a default worker hears gpu's stop notices", work, "sub", "fleet.stop.gpu.>", nil},
+		{"a default worker queues a job", work, "pub", "fleet.p.default.q3.default.forged", rec},
+		{"a default worker writes a tenant's uploads", work, "pub", upChunk, "forged"},
+		{"a default worker follows a tenant's records", work, "sub", "fleet.t.*.job.>", nil},
+		{"a default worker changes its pool's stream", work, "req", "$JS.API.STREAM.UPDATE.FLEET_POOL_default", nil},
+
+		// The producer of tenant acme, against tenant default's job.
+		{"acme submits as default", acme, "req", "fleet.t.default.submit", map[string]any{"command": []string{"ok"}}},
+		{"acme submits as default through the intake", acme, "pub", "fleet.t.default.intake", map[string]any{"command": []string{"ok"}}},
+		{"acme reads default's job state", acme, "req", "fleet.t.default.status." + v.id, nil},
+		{"acme reads default's job history", acme, "req", "fleet.t.default.history." + v.id, nil},
+		{"acme cancels default's job", acme, "req", "fleet.t.default.cancel." + v.id, nil},
+		{"acme retries default's dead letter", acme, "req", "fleet.t.default.retry." + v.id, nil},
+		{"acme follows default's records", acme, "sub", "fleet.t.default.job.>", nil},
+		{"acme follows every tenant's records", acme, "sub", "fleet.t.*.job.>", nil},
+		{"acme follows default's events", acme, "sub", "fleet.t.default.ev.>", nil},
+		{"acme reads default's result by subject", acme, "req", "$JS.API.DIRECT.GET.FLEET_POOL_gpu.fleet.p.gpu.r.default." + v.id, nil},
+		{"acme reads default's result by a direct get's body", acme, "req", "$JS.API.DIRECT.GET.FLEET_POOL_gpu", lastOf("fleet.p.gpu.r.default." + v.id)},
+		{"acme reads default's result from the stream's leader", acme, "req", "$JS.API.STREAM.MSG.GET.FLEET_POOL_gpu", lastOf("fleet.p.gpu.r.default." + v.id)},
+		{"acme reads default's records with a consumer", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.peek.fleet.p.gpu.*.default.>", nil},
+		{"acme reads default's events from their stream", acme, "req", "$JS.API.DIRECT.GET.FLEET_EVENTS", lastOf("fleet.t.default.ev.gpu." + v.id)},
+		{"acme reads default's output", acme, "req", "$JS.API.DIRECT.GET." + "OBJ_" + v.output.Bucket + "." + outChunk, nil},
+		{"acme reads default's output's description", acme, "req", "$JS.API.DIRECT.GET.OBJ_" + v.output.Bucket + "." + meta(v.output.Bucket, v.output.Key), nil},
+		{"acme reads default's output with a consumer", acme, "req", "$JS.API.CONSUMER.CREATE.OBJ_fleet-artifacts-gpu.peek.$O.fleet-artifacts-gpu.C.default.>", nil},
+		{"acme reads default's log", acme, "req", "$JS.API.DIRECT.GET.OBJ_fleet-artifacts-gpu." + v.logChunk, nil},
+		{"acme reads default's upload", acme, "req", "$JS.API.DIRECT.GET.OBJ_" + v.upload.Bucket + "." + upChunk, nil},
+		{"acme overwrites default's upload", acme, "pub", upChunk, "forged"},
+		{"acme writes default's uploads bucket in its own name", acme, "pub", "$O.fleet-uploads-default.C.acme.x.0", "forged"},
+		{"acme purges default's uploads", acme, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-uploads-default", nil},
+		{"acme asks for default's uploads bucket", acme, "req", "fleet.t.default.uploads", nil},
+		{"acme pulls a pool's jobs", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"acme pulls the stored submissions", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_INTAKE.dispatcher", pull},
+		{"acme reads the dead letters", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_DLQ.peek.fleet.dlq.>", nil},
+		{"acme forges its own job's record", acme, "pub", "fleet.p.gpu.r.acme.forged", rec},
+		{"acme forges its own job's live record", acme, "pub", "fleet.t.acme.job.gpu.r.forged", rec},
+		{"acme forges its own job's event", acme, "pub", "fleet.t.acme.ev.gpu.forged", rec},
+		{"acme pauses a pool", acme, "req", "fleet.pools.gpu.pause", nil},
+		{"acme creates a stream", acme, "req", "$JS.API.STREAM.CREATE.OBJ_fleet-uploads-acme2", nil},
+		{"acme overhears default's replies", acme, "sub", "_INBOX.producer.default.>", nil},
+		{"acme overhears every reply", acme, "sub", "_INBOX.>", nil},
+
+		// The dispatcher takes no jobs and stores no files.
+		{"the dispatcher pulls a pool's jobs", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"the dispatcher changes a pool's consumer", f.disp, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.jobs-gpu.fleet.p.gpu.>", nil},
+		{"the dispatcher deletes a pool's consumer", f.disp, "req", "$JS.API.CONSUMER.DELETE.FLEET_POOL_gpu.jobs-gpu", nil},
+		{"the dispatcher deletes a stream", f.disp, "req", "$JS.API.STREAM.DELETE.FLEET_POOL_gpu", nil},
+		{"the dispatcher purges a stream", f.disp, "req", "$JS.API.STREAM.PURGE.FLEET_POOL_gpu", nil},
+		{"the dispatcher writes a pool's outputs", f.disp, "pub", outChunk, "forged"},
+		{"the dispatcher writes a tenant's uploads", f.disp, "pub", upChunk, "forged"},
+		{"the dispatcher answers what it was not asked", f.disp, "pub", nats.NewInbox(), map[string]any{"job_id": "forged"}},
+		{"the dispatcher overhears a worker's replies", f.disp, "sub", "_INBOX.worker.gpu.>", nil},
+
+		// Operators read and steer; they write no job's record or file.
+		{"an operator writes a job's record", op, "pub", "fleet.p.gpu.r.default." + v.id, rec},
+		{"an operator submits", op, "req", "fleet.t.default.submit", map[string]any{"command": []string{"ok"}}},
+		{"an operator pulls a pool's jobs", op, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"an operator writes a pool's outputs", op, "pub", outChunk, "forged"},
+		{"an operator purges a bucket", op, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts-gpu", nil},
+		{"an operator deletes a stream", op, "req", "$JS.API.STREAM.DELETE.FLEET_DLQ", nil},
+
+		// Contract v1 is off: none of its subjects is anyone's.
+		{"v1: a producer submits", f.prod, "pub", "fleet.submit", map[string]any{"command": []string{"ok"}}},
+		{"v1: a producer submits directly", f.prod, "req", "fleet.submit.direct", map[string]any{"command": []string{"ok"}}},
+		{"v1: a producer follows results", f.prod, "sub", "fleet.results.>", nil},
+		{"v1: a worker publishes a result", work, "pub", "fleet.results-in." + v.id, rec},
+		{"v1: a worker writes a job state", work, "pub", "$KV.fleet-jobs." + v.id, rec},
+		{"v1: the dispatcher takes direct submissions", f.disp, "sub", "fleet.submit.direct", nil},
+	} {
+		t.Run(o.name, func(t *testing.T) { o.run(t, s) })
+	}
+
+	t.Run("what they aimed at is as it was", func(t *testing.T) {
 		for st, n := range before {
-			if got := msgs(st); got != n {
+			if got := s.streamMsgs(t, st); got != n {
 				t.Errorf("%s: %d messages, was %d", st, got, n)
 			}
 		}
-	})
-
-	t.Run("no role can overhear another's inboxes", func(t *testing.T) {
-		for _, tc := range []struct {
-			c       *conn
-			subject string
-		}{
-			{prod, "_INBOX.>"},
-			{prod, "_INBOX.worker.default.>"},
-			{work, "_INBOX.dispatcher.>"},
-			{work, "_INBOX.worker.other.>"},
-			{other, "_INBOX.producer.>"},
-			{disp, "_INBOX.worker.default.>"},
-		} {
-			if _, err := tc.c.SubscribeSync(tc.subject); err != nil {
-				t.Fatal(err)
-			}
-			refused(t, s, tc.c, tc.subject)
-		}
-	})
-
-	t.Run("a producer cannot take jobs, read dead letters, or change streams", func(t *testing.T) {
-		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := queue.PoolConsumer(short, pjs, qc, "default", nil); err == nil {
-			t.Fatal("a producer created a pool's consumer")
+		r := f.result(t, v.id)
+		if r.Status != job.StatusSucceeded || r.Artifacts["out.bin"] != v.output {
+			t.Errorf("the victim's result: %+v", r)
 		}
-		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_default.jobs-default.fleet.jobs.default", nil)
-		jsRequest(t, s, prod, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_other.jobs-other", map[string]any{"batch": 1})
-		if _, err := prod.SubscribeSync("fleet.jobs.>"); err != nil {
-			t.Fatal(err)
-		}
-		refused(t, s, prod, "fleet.jobs.>")
-		jsRequest(t, s, prod, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
-		jsRequest(t, s, prod, "$JS.API.STREAM.CREATE.FLEET_JOBS_new", nil)
-		jsRequest(t, s, prod, "$JS.API.STREAM.PURGE.FLEET_RESULTS", nil)
-		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.FLEET_DLQ.peek.fleet.dlq.>", map[string]any{"stream_name": "FLEET_DLQ"})
-		c, err := client.New(prod.Conn)
+		o, err := f.client.Output(ctx, v.id, "out.bin")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.DeadLetters(short, ""); err == nil {
-			t.Fatal("a producer read the dead letters")
+		defer o.Close()
+		if n, err := bytes.NewBuffer(nil).ReadFrom(o); err != nil || n != v.output.Size {
+			t.Errorf("the victim's output reads %d bytes, %v", n, err)
 		}
 	})
 
-	t.Run("a worker cannot submit, publish jobs, or touch streams", func(t *testing.T) {
-		for _, subj := range []string{"fleet.submit", "fleet.jobs.default", "fleet.jobs.other", "fleet.dlq.other", "fleet.cancel.j1"} {
-			if err := work.Publish(subj, []byte(`{}`)); err != nil {
-				t.Fatal(err)
-			}
-			refused(t, s, work, subj)
-		}
-		for _, subj := range []string{"fleet.submit", "fleet.jobs.>", "fleet.events.>", "fleet.results.>"} {
-			if _, err := work.SubscribeSync(subj); err != nil {
-				t.Fatal(err)
-			}
-			refused(t, s, work, subj)
-		}
-		jsRequest(t, s, work, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
-		jsRequest(t, s, work, "$JS.API.STREAM.UPDATE.FLEET_JOBS_default", nil)
-		jsRequest(t, s, work, "$JS.API.STREAM.CREATE.FLEET_JOBS_other", nil)
-		jsRequest(t, s, work, "$JS.API.CONSUMER.DELETE.FLEET_JOBS_other.jobs-other", nil)
-	})
-
-	t.Run("a worker cannot read another pool's work", func(t *testing.T) {
-		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	t.Run("a worker's consumer reads its own pool only", func(t *testing.T) {
+		// Its filters are in the request's body, but the stream is in the
+		// subject: pointing its consumer at another pool's stream is refused.
+		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.jobs-default",
+			map[string]any{"stream_name": "FLEET_POOL_gpu", "config": map[string]any{"durable_name": "jobs-default",
+				"filter_subjects": []string{"fleet.p.gpu.>"}, "ack_policy": "explicit"}})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		// Not by creating or binding to that pool's consumer...
-		if _, err := queue.PoolConsumer(short, wjs, qc, "other", nil); err == nil {
-			t.Fatal("a worker of pool default created the consumer of pool other")
+		wjs, _ := jetstream.New(work.Conn)
+		if _, err := wjs.Consumer(ctx, "FLEET_POOL_gpu", "jobs-gpu"); err == nil {
+			t.Fatal("a worker of pool default looked up the consumer of pool gpu")
 		}
-		refused(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-other.fleet.jobs.other")
-		if _, err := wjs.Consumer(short, "FLEET_JOBS_other", "jobs-other"); err == nil {
-			t.Fatal("a worker of pool default looked up the consumer of pool other")
-		}
-		// ...nor by pulling from it directly...
-		jsRequest(t, s, work, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_other.jobs-other", map[string]any{"batch": 1, "expires": int64(time.Second)})
-		// ...nor by pointing its own consumer at the other pool's subject.
-		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-default.fleet.jobs.other",
-			map[string]any{"stream_name": "FLEET_JOBS_other", "config": map[string]any{"durable_name": "jobs-default",
-				"filter_subject": "fleet.jobs.other", "ack_policy": "explicit"}})
-		jsRequest(t, s, work, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_other.jobs-default",
-			map[string]any{"stream_name": "FLEET_JOBS_other", "config": map[string]any{"durable_name": "jobs-default",
-				"filter_subject": "fleet.jobs.>", "ack_policy": "explicit"}})
-		jsRequest(t, s, work, "$JS.API.DIRECT.GET.FLEET_JOBS_other", map[string]any{"last_by_subj": "fleet.jobs.other"})
-		// The job is still there, for its own pool's workers.
-		batch, err := otherCons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for m := range batch.Messages() {
-			var r job.Request
-			_ = json.Unmarshal(m.Data(), &r)
-			got = append(got, r.ID)
-			if err := m.Ack(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if len(got) != 1 || got[0] != "secret-job" {
-			t.Fatalf("pool other's worker fetched %q (%v)", got, batch.Error())
-		}
-	})
-
-	t.Run("a worker cannot acknowledge another pool's messages", func(t *testing.T) {
-		subj := "$JS.ACK.FLEET_JOBS_other.jobs-other.1.1.1.1.1"
-		if err := work.Publish(subj, []byte("+ACK")); err != nil {
-			t.Fatal(err)
-		}
-		refused(t, s, work, subj)
-	})
-
-	t.Run("each role writes only its own bucket", func(t *testing.T) {
-		// Producers upload inputs, workers store outputs and logs: neither
-		// may write, purge or drop the other's bucket; producers may not
-		// read the uploads (each other's inputs).
-		for _, tc := range []struct {
-			c       *conn
-			subject string
-		}{
-			{prod, "$O.fleet-artifacts.M.b3V0cHV0cy9qMS8xL291dA=="},
-			{prod, "$O.fleet-artifacts.C.forged"},
-			{work, "$O.fleet-uploads.M.aW4uYmlu"},
-			{work, "$O.fleet-uploads.C.forged"},
-		} {
-			if err := tc.c.Publish(tc.subject, []byte(`{}`)); err != nil {
-				t.Fatal(err)
-			}
-			refused(t, s, tc.c, tc.subject)
-		}
-		jsRequest(t, s, prod, "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts", nil)
-		jsRequest(t, s, work, "$JS.API.STREAM.PURGE.OBJ_fleet-uploads", nil)
-		jsRequest(t, s, prod, "$JS.API.DIRECT.GET.OBJ_fleet-uploads.$O.fleet-uploads.M.aW4uYmlu", nil)
-		jsRequest(t, s, prod, "$JS.API.CONSUMER.CREATE.OBJ_fleet-uploads.peek.$O.fleet-uploads.C.>", nil)
-		for _, c := range []*conn{prod, work} {
-			jsRequest(t, s, c, "$JS.API.STREAM.DELETE.OBJ_fleet-artifacts", nil)
-			jsRequest(t, s, c, "$JS.API.STREAM.UPDATE.OBJ_fleet-uploads", nil)
-		}
-	})
-
-	t.Run("the dispatcher cannot take jobs", func(t *testing.T) {
-		jsRequest(t, s, disp, "$JS.API.CONSUMER.MSG.NEXT.FLEET_JOBS_default.jobs-default", map[string]any{"batch": 1})
-		jsRequest(t, s, disp, "$JS.API.CONSUMER.CREATE.FLEET_JOBS_default.jobs-default.fleet.jobs.default", nil)
-		jsRequest(t, s, disp, "$JS.API.STREAM.DELETE.FLEET_JOBS_default", nil)
-		jsRequest(t, s, disp, "$JS.API.STREAM.PURGE.FLEET_SUBMIT", nil)
-	})
-
-	t.Run("the dispatcher answers only requests it received", func(t *testing.T) {
-		// Publishing to a producer's inbox is an answer only when the
-		// dispatcher received a request with that reply subject.
-		inbox := nats.NewInbox()
-		if err := disp.Publish(inbox, []byte(`{"job_id":"forged"}`)); err != nil {
-			t.Fatal(err)
-		}
-		refused(t, s, disp, inbox)
 	})
 }

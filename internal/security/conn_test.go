@@ -85,7 +85,7 @@ func TestTLSWithClientCertificates(t *testing.T) {
 	t.Setenv("FLEET_NATS_SERVER_CERT", cert)
 	t.Setenv("FLEET_NATS_SERVER_KEY", key)
 	t.Setenv("FLEET_NATS_SERVER_CA", clientCA.file)
-	k := makeKeys(t, roleDispatcher, roleProducer, roleWorker("default"))
+	k := makeKeys(t, shippedRoles...)
 	s := startServer(t, shipped(t, "fleet-tls.conf"))
 	url := s.url()
 
@@ -349,7 +349,7 @@ func TestConnectErrorsHideSecrets(t *testing.T) {
 // TestNoCredentialsNoEntry: the shipped configuration lets no one in
 // without a key it lists.
 func TestNoCredentialsNoEntry(t *testing.T) {
-	makeKeys(t, roleDispatcher, roleProducer, roleWorker("default"))
+	makeKeys(t, shippedRoles...)
 	s := startServer(t, shipped(t, "fleet.conf"))
 	stranger := makeKeys(t, "stranger")
 	for name, cc := range map[string]queue.ConnConfig{
@@ -370,7 +370,7 @@ func TestNoCredentialsNoEntry(t *testing.T) {
 // TestConfigRefusesToStartWithoutKeys: a key variable that is not set
 // stops the server from starting, rather than leaving a role open.
 func TestConfigRefusesToStartWithoutKeys(t *testing.T) {
-	makeKeys(t, roleDispatcher, roleProducer)
+	makeKeys(t, roleDispatcher, roleOperator, roleProducer)
 	_, err := server.ProcessConfigFile(shipped(t, "fleet.conf"))
 	if err == nil || !strings.Contains(err.Error(), "FLEET_NKEY_WORKER_DEFAULT") {
 		t.Fatalf("got %v, want an error naming FLEET_NKEY_WORKER_DEFAULT", err)
@@ -382,7 +382,7 @@ func TestConfigRefusesToStartWithoutKeys(t *testing.T) {
 // configuration, with its listen address and store from the dispatcher's
 // flags.
 func TestEmbeddedServerRunsTheShippedConfig(t *testing.T) {
-	k := makeKeys(t, roleDispatcher, roleProducer, roleWorker("default"))
+	k := makeKeys(t, shippedRoles...)
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	s, err := embedded.StartNATS(embedded.NATSConfig{URL: url, DataDir: t.TempDir(), ConfigFile: shipped(t, "fleet.conf")})

@@ -39,11 +39,20 @@ func shipped(t testing.TB, name string) string {
 // Role names, as in deploy/nats/fleet.conf.
 const (
 	roleDispatcher = "dispatcher"
-	roleProducer   = "producer"
+	roleOperator   = "operator"
+	// roleProducer is the producer of the default tenant.
+	roleProducer = "producer-default"
 )
 
 // roleWorker names the worker role of a pool.
 func roleWorker(pool string) string { return "worker-" + pool }
+
+// roleTenant names the producer role of a tenant.
+func roleTenant(tenant string) string { return "producer-" + tenant }
+
+// shippedRoles are the users of the shipped fleet.conf: a key for each
+// must be set before the server starts.
+var shippedRoles = []string{roleDispatcher, roleOperator, roleProducer, roleWorker("default")}
 
 // envName is the variable holding a role's public key, as gen-nkeys.sh and
 // fleet.conf name it.
@@ -81,7 +90,8 @@ func makeKeys(t testing.TB, roles ...string) keys {
 // natsServer is an in-process server started from a configuration file.
 type natsServer struct {
 	*server.Server
-	log *serverLog
+	log  *serverLog
+	conf string // the configuration file it runs
 }
 
 // startServer starts a server from a configuration file, on a free
@@ -106,13 +116,13 @@ func startServer(t testing.TB, conf string, tweak ...func(*server.Options)) *nat
 		t.Fatalf("nats server: %v", err)
 	}
 	l := &serverLog{}
-	s.SetLogger(l, false, false)
+	s.SetLogger(l, false, opts.Trace)
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		t.Fatal("nats server did not start")
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return &natsServer{Server: s, log: l}
+	return &natsServer{Server: s, log: l, conf: conf}
 }
 
 // streamMsgs counts the messages of a stream of the FLEET account, read on
@@ -140,17 +150,42 @@ func (s *natsServer) url() string { return s.ClientURL() }
 type serverLog struct {
 	mu     sync.Mutex
 	errors []string
+	// ops are the publishes and subscriptions the server traced, with
+	// Trace on: what each client did.
+	ops []string
 }
 
 func (l *serverLog) Noticef(string, ...any) {}
 func (l *serverLog) Warnf(string, ...any)   {}
 func (l *serverLog) Fatalf(string, ...any)  {}
 func (l *serverLog) Debugf(string, ...any)  {}
-func (l *serverLog) Tracef(string, ...any)  {}
+func (l *serverLog) Tracef(format string, v ...any) {
+	line := fmt.Sprintf(format, v...)
+	if !strings.Contains(line, "<<- [PUB ") && !strings.Contains(line, "<<- [HPUB ") && !strings.Contains(line, "<<- [SUB ") {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ops = append(l.ops, line)
+}
 func (l *serverLog) Errorf(format string, v ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.errors = append(l.errors, fmt.Sprintf(format, v...))
+}
+
+// forget drops the violations logged on subject: those a test caused on
+// purpose, once checked.
+func (l *serverLog) forget(subject string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kept := l.errors[:0]
+	for _, e := range l.errors {
+		if !strings.Contains(e, `"`+subject+`"`) {
+			kept = append(kept, e)
+		}
+	}
+	l.errors = kept
 }
 
 // violations returns the permission violations the server logged.
@@ -288,10 +323,14 @@ func connectAs(t testing.TB, url string, k keys, role string) *conn {
 }
 
 // inboxPrefix is the prefix of a role's reply subjects, as fleet.conf
-// allows them: _INBOX.dispatcher, _INBOX.producer, _INBOX.worker.<pool>.
+// allows them: _INBOX.dispatcher, _INBOX.operator,
+// _INBOX.producer.<tenant>, _INBOX.worker.<pool>.
 func inboxPrefix(role string) string {
 	if pool, ok := strings.CutPrefix(role, "worker-"); ok {
 		return "_INBOX.worker." + pool
+	}
+	if tenant, ok := strings.CutPrefix(role, "producer-"); ok {
+		return "_INBOX.producer." + tenant
 	}
 	return "_INBOX." + role
 }

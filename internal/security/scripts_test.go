@@ -13,19 +13,23 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // TestOperatorScripts follows deploy/nats/README.md: gen-nkeys.sh makes
-// the keys of the roles and of two pools, add-pool.sh adds the second
-// pool, and each role connects with its seed file and does its first step.
+// the keys of the roles, of two tenants and of two pools, add-pool.sh adds
+// the second pool and add-tenant.sh the second tenant, and each role
+// connects with its seed file and does its first step.
 func TestOperatorScripts(t *testing.T) {
 	_, err := exec.LookPath("go")
 	testenv.Require(t, err == nil, "the go command, to build nk: %v", err)
 
 	dir := t.TempDir()
-	out, err := exec.Command("sh", shipped(t, "gen-nkeys.sh"), dir, "default", "gpu-a100").CombinedOutput()
+	out, err := exec.Command("sh", shipped(t, "gen-nkeys.sh"), "-t", "default", "-t", "team-a", dir, "default", "gpu-a100").CombinedOutput()
 	if err != nil {
 		t.Fatalf("gen-nkeys.sh: %v\n%s", err, out)
 	}
@@ -43,13 +47,15 @@ func TestOperatorScripts(t *testing.T) {
 		vars[k] = v
 		t.Setenv(k, v)
 	}
-	for _, v := range []string{"FLEET_NKEY_DISPATCHER", "FLEET_NKEY_PRODUCER", "FLEET_NKEY_WORKER_DEFAULT", "FLEET_NKEY_WORKER_GPU_A100"} {
+	for _, v := range []string{"FLEET_NKEY_DISPATCHER", "FLEET_NKEY_OPERATOR", "FLEET_NKEY_PRODUCER_DEFAULT",
+		"FLEET_NKEY_PRODUCER_TEAM_A", "FLEET_NKEY_WORKER_DEFAULT", "FLEET_NKEY_WORKER_GPU_A100"} {
 		if vars[v] == "" {
 			t.Fatalf("nkeys.env has no %s:\n%s", v, env)
 		}
 	}
 	k := keys{}
-	for _, role := range []string{roleDispatcher, roleProducer, roleWorker("default"), roleWorker("gpu-a100")} {
+	all := []string{roleDispatcher, roleOperator, roleProducer, roleTenant("team-a"), roleWorker("default"), roleWorker("gpu-a100")}
+	for _, role := range all {
 		seed := filepath.Join(dir, role+".nk")
 		st, err := os.Stat(seed)
 		if err != nil {
@@ -61,7 +67,7 @@ func TestOperatorScripts(t *testing.T) {
 		k[role] = seed
 	}
 
-	s := startServer(t, withPool(t, "gpu-a100"))
+	s := startServer(t, configured(t, []string{"gpu-a100"}, []string{"team-a"}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	disp := connectAs(t, s.url(), k, roleDispatcher)
@@ -72,16 +78,35 @@ func TestOperatorScripts(t *testing.T) {
 	for _, pool := range []string{"default", "gpu-a100"} {
 		w := connectAs(t, s.url(), k, roleWorker(pool))
 		wjs, _ := jetstream.New(w.Conn)
-		if _, err := queue.PoolConsumer(ctx, wjs, queue.Config{}, pool, nil); err != nil {
+		if _, err := queue.PoolConsumerV2(ctx, wjs, queue.Config{}, pool, nil); err != nil {
 			t.Fatalf("worker of %s: %v", pool, err)
 		}
 	}
-	prod := connectAs(t, s.url(), k, roleProducer)
-	if err := prod.Publish("fleet.submit", []byte(`{}`)); err != nil {
+	// Each tenant's producer asks for its uploads bucket, which a
+	// dispatcher makes; the operator asks whether a pool is paused.
+	d, err := dispatcher.New(disp.Conn, dispatcher.Config{Logger: fleettest.Logger(t)})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := prod.Flush(); err != nil {
+	if err := d.Start(ctx); err != nil {
+		t.Fatalf("dispatcher: %v", err)
+	}
+	defer func() { _ = d.Stop(context.Background()) }()
+	for _, tenant := range []string{"default", "team-a"} {
+		c, err := client.New(connectAs(t, s.url(), k, roleTenant(tenant)).Conn, client.WithTenant(tenant))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref, err := c.Upload(ctx, "hello.txt", strings.NewReader("hi")); err != nil || ref.Bucket != "fleet-uploads-"+tenant {
+			t.Fatalf("tenant %s uploads: %+v, %v", tenant, ref, err)
+		}
+	}
+	oc, err := client.New(connectAs(t, s.url(), k, roleOperator).Conn)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := oc.Pool(ctx, "gpu-a100"); err != nil {
+		t.Fatalf("operator: %v", err)
 	}
 	if v := s.log.violations(); len(v) > 0 {
 		t.Fatalf("refused: %q", v)

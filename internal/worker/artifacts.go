@@ -25,7 +25,11 @@ func (d *delivery) openArtifacts() executor.Artifacts {
 	if lim.MaxInputBytes == 0 {
 		lim.MaxInputBytes = w.cfg.Limits.MaxInputRefBytes
 	}
-	d.arts = w.cfg.Artifacts.Attempt(d.id, d.n, d.req, artifact.AttemptOptions{Limits: lim, LogContext: w.settling,
+	// The attempt's files are its pool's (the worker's bucket) and named
+	// by its tenant: its outputs and log go to outputs/<tenant>/... and
+	// logs/<tenant>/..., its inputs are its tenant's only.
+	d.arts = w.cfg.Artifacts.Attempt(d.id, d.n, d.req, artifact.AttemptOptions{Tenant: d.key.Tenant, Pool: d.key.Pool,
+		Limits: lim, LogContext: w.settling,
 		// A job handed back runs again under the same attempt number.
 		Rerun: d.rec.Handbacks > 0})
 	return d.arts

@@ -37,10 +37,7 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	store := f.Artifacts(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	objects, err := js.Stream(ctx, "OBJ_fleet-artifacts")
-	if err != nil {
-		t.Fatal(err)
-	}
+	var objects jetstream.Stream
 	stored := func() uint64 {
 		info, err := objects.Info(ctx)
 		if err != nil {
@@ -53,6 +50,10 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	id := f.Submit(t, &job.Request{Pool: "killed", Outputs: []string{"blob.bin"}, Timeout: durationOf(2 * time.Minute),
 		Command: []string{prog, "echo", "starting", "sleep", "1s", "random", "$FLEET_OUTPUTS/blob.bin", strconv.Itoa(size), seed}})
 
+	// The pool's bucket was made with its stream, before the job was queued.
+	if objects, err = js.Stream(ctx, "OBJ_fleet-artifacts-killed"); err != nil {
+		t.Fatal(err)
+	}
 	// Kill it once its upload is under way: some megabytes stored.
 	before := stored()
 	for stored() < before+4*mib {
@@ -67,17 +68,17 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	if partial >= size {
 		t.Fatalf("the upload was done (%d bytes stored) before the kill", partial)
 	}
-	lostKey := artifact.OutputKey(id, 1, "blob.bin")
-	if _, err := store.Stat(ctx, store.Artifacts(), lostKey); !errors.Is(err, artifact.ErrNotFound) {
+	lostKey := artifact.OutputKey(job.DefaultTenant, id, 1, "blob.bin")
+	if _, err := store.Stat(ctx, store.ArtifactsOf("killed"), lostKey); !errors.Is(err, artifact.ErrNotFound) {
 		t.Fatalf("the killed upload's object: %v, want none", err)
 	}
-	obs, err := js.ObjectStore(ctx, "fleet-artifacts")
+	obs, err := js.ObjectStore(ctx, "fleet-artifacts-killed")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if list, err := obs.List(ctx); err == nil {
 		for _, o := range list {
-			if strings.HasPrefix(o.Name, "outputs/"+id+"/") {
+			if strings.HasPrefix(o.Name, "outputs/default/"+id+"/") {
 				t.Errorf("object %s is listed after the kill", o.Name)
 			}
 		}
@@ -91,7 +92,7 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 		t.Fatalf("result %s after %d attempts, history %+v", r.Status, r.Attempts, r.History)
 	}
 	a := r.Artifacts["blob.bin"]
-	if a.Key != artifact.OutputKey(id, 2, "blob.bin") || a.Size != size || a.SHA256 != want {
+	if a.Key != artifact.OutputKey(job.DefaultTenant, id, 2, "blob.bin") || a.Size != size || a.SHA256 != want {
 		t.Fatalf("the second attempt's output: %+v, want %d bytes with SHA-256 %s", a, size, want)
 	}
 	o, err := f.Client.Output(ctx, id, "blob.bin")
@@ -103,7 +104,7 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	if n, err := io.Copy(h, o); err != nil || n != size || hex.EncodeToString(h.Sum(nil)) != want {
 		t.Fatalf("read back %d bytes, %v", n, err)
 	}
-	if _, err := store.Stat(ctx, store.Artifacts(), lostKey); !errors.Is(err, artifact.ErrNotFound) {
+	if _, err := store.Stat(ctx, store.ArtifactsOf("killed"), lostKey); !errors.Is(err, artifact.ErrNotFound) {
 		t.Errorf("the killed upload's object after the retry: %v, want none", err)
 	}
 	// What the lost attempt printed before it was killed is kept.

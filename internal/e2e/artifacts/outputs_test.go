@@ -70,7 +70,7 @@ func TestLargeBinaryOutputs(t *testing.T) {
 				t.Fatal("a 200 MiB binary output came back inline")
 			}
 			a, ok := r.Artifacts["blob.bin"]
-			if !ok || a.Size != bigOutput || a.SHA256 != want || a.Key != "outputs/"+id+"/1/blob.bin" || a.Bucket != "fleet-artifacts" {
+			if !ok || a.Size != bigOutput || a.SHA256 != want || a.Key != "outputs/default/"+id+"/1/blob.bin" || a.Bucket != "fleet-artifacts-"+pool {
 				t.Fatalf("artifact %+v, want %d bytes with SHA-256 %s", a, bigOutput, want)
 			}
 

@@ -1,0 +1,180 @@
+package security_test
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/testenv"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// natsCLI finds the nats CLI (github.com/nats-io/natscli): FLEET_NATS_CLI,
+// else what hack/tools/build.sh built into its cache, else one on the
+// PATH. Without one the test is skipped, and fails under CI=true (.ci/run
+// builds it before the tests).
+func natsCLI(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("FLEET_NATS_CLI"); p != "" {
+		return p
+	}
+	cached := filepath.Join(cmp.Or(os.Getenv("FLEET_TOOLS_CACHE"), "/var/cache/fleet-tools"), "bin", "nats")
+	if _, err := os.Stat(cached); err == nil {
+		return cached
+	}
+	p, err := exec.LookPath("nats")
+	testenv.Require(t, err == nil, "the nats CLI: run hack/tools/build.sh nats, or set FLEET_NATS_CLI (%v)", err)
+	return p
+}
+
+// natsRunner runs the nats CLI as a role, with its key and inbox prefix, and a
+// configuration folder of the test's own.
+type natsRunner struct {
+	bin, url, home string
+	keys           keys
+}
+
+func (c natsRunner) cmd(ctx context.Context, role string, args ...string) *exec.Cmd {
+	timeout := "10s"
+	if len(args) > 1 && args[0] == "--timeout" {
+		timeout, args = args[1], args[2:]
+	}
+	all := append([]string{"--server", c.url, "--nkey", c.keys[role], "--inbox-prefix", inboxPrefix(role),
+		"--timeout", timeout}, args...)
+	cmd := exec.CommandContext(ctx, c.bin, all...)
+	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_CONFIG_HOME="+c.home, "NATS_CONTEXT=")
+	return cmd
+}
+
+func (c natsRunner) run(t *testing.T, role string, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := c.cmd(ctx, role, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("nats %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out
+}
+
+// TestAnOutsideClientFollowsAJob: a client that is not the fleet's Go
+// client, the nats CLI, with tenant acme's key and the shipped roles,
+// follows a job through contract v2 by the documented subjects: it
+// submits on fleet.t.acme.submit, finds the pool's stream by subject,
+// follows the job's records on fleet.t.acme.job.<pool>.*.<id>, and reads
+// its result by direct get of fleet.p.<pool>.r.acme.<id>. It cannot ask
+// about another tenant's job. An operator reads the job's output with
+// `nats object get`.
+func TestAnOutsideClientFollowsAJob(t *testing.T) {
+	bin := natsCLI(t)
+	f := startFleet(t)
+	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
+	const id = "from-the-cli"
+
+	// Follow the job's records before submitting it: the pool's stream
+	// republishes each version on the tenant's subject.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subs := f.srv.NumSubscriptions()
+	var followed, followErr bytes.Buffer
+	follow := c.cmd(ctx, roleTenant("acme"), "sub", "--raw", "--wait", "3s", "fleet.t.acme.job.gpu.*."+id)
+	follow.Stdout, follow.Stderr = &followed, &followErr
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for f.srv.NumSubscriptions() <= subs {
+		if ctx.Err() != nil {
+			t.Fatalf("nats sub did not subscribe: %s", followErr.Bytes())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// An input uploaded beforehand, so that the job stores an output as
+	// an object.
+	ref, err := f.acme.Upload(ctx, "cli/in.bin", bytes.NewReader(bytes.Repeat([]byte("outside "), 40_000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := json.Marshal(&job.Request{ID: id, Pool: "gpu", Command: []string{"files"}, Outputs: []string{"out.bin"},
+		InputRefs: map[string]job.InputRef{"in.bin": *ref}})
+	var reply job.SubmitReply
+	if err := json.Unmarshal(c.run(t, roleTenant("acme"), "request", "--raw", "fleet.t.acme.submit", string(req)), &reply); err != nil ||
+		reply.JobID != id || reply.Tenant != "acme" || reply.Pool != "gpu" || reply.Rejected() {
+		t.Fatalf("submit: %+v, %v", reply, err)
+	}
+
+	// The pool's stream, found by subject (STREAM.NAMES with a subject
+	// filter; `nats stream find` lists whole streams, which a tenant may not).
+	found := strings.Fields(string(c.run(t, roleTenant("acme"), "stream", "ls", "--names", "--subject", "fleet.p.gpu.r.acme."+id)))
+	if len(found) != 1 || found[0] != "FLEET_POOL_gpu" {
+		t.Fatalf("stream ls --subject: %q", found)
+	}
+
+	// Every version of the record, live, until the final one.
+	if err := follow.Wait(); err != nil {
+		t.Fatalf("nats sub: %v\n%s", err, followErr.Bytes())
+	}
+	var states []job.State
+	sc := bufio.NewScanner(&followed)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec job.Record
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("a record as republished: %q: %v", sc.Text(), err)
+		}
+		if rec.ID != id || rec.Tenant != "acme" {
+			t.Fatalf("a record of another job: %+v", rec)
+		}
+		states = append(states, rec.State)
+	}
+	if len(states) < 3 || states[0] != job.StateQueued || states[len(states)-1] != job.StateSucceeded {
+		t.Fatalf("followed states %v", states)
+	}
+
+	// The result, by direct get of its subject.
+	var rec job.Record
+	data := c.run(t, roleTenant("acme"), "request", "--raw", "$JS.API.DIRECT.GET."+found[0]+".fleet.p.gpu.r.acme."+id, "")
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Result == nil || rec.Result.Status != job.StatusSucceeded {
+		t.Fatalf("the result by direct get: %q, %v", data, err)
+	}
+	out := rec.Result.Artifacts["out.bin"]
+
+	// Another tenant's job is not acme's to ask about.
+	var stderr bytes.Buffer
+	asked := c.cmd(ctx, roleTenant("acme"), "--timeout", "1s", "request", "fleet.t.default.status."+id, "")
+	asked.Stderr = &stderr
+	answer, _ := asked.Output()
+	if !strings.Contains(stderr.String(), `Permissions Violation for Publish to "fleet.t.default.status.`+id+`"`) || len(answer) > 0 {
+		t.Fatalf("acme asked about default's job: %q, %s", answer, stderr.Bytes())
+	}
+	refused(t, f.srv, nil, "fleet.t.default.status."+id)
+	f.srv.log.forget("fleet.t.default.status." + id)
+
+	// An operator reads the output as any object: the fleet's object
+	// store format is the object store's own.
+	file := filepath.Join(t.TempDir(), "out.bin")
+	c.run(t, roleOperator, "object", "get", out.Bucket, out.Key, "--output", file, "--force")
+	got, err := os.ReadFile(file)
+	if err != nil || int64(len(got)) != out.Size || hexSHA256(got) != out.SHA256 {
+		t.Fatalf("nats object get: %d bytes, %v; want %d bytes, SHA-256 %s", len(got), err, out.Size, out.SHA256)
+	}
+	f.noViolations(t)
+}
+
+func hexSHA256(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
