@@ -15,7 +15,9 @@ import (
 // every schedule. It is the leader key of the schedules bucket, written
 // with a compare-and-set on its revision: the holder renews it every third
 // of ttl; the others read it as often, and one takes it over when it has
-// seen the same revision for ttl (a compare-and-set too, so one wins). The
+// seen the same revision for ttl, that is on its third look after the one
+// that first saw it (a compare-and-set too, so one wins). After its
+// holder's last renewal, the lease is free within ttl and a third. The
 // holder that cannot renew for two thirds of ttl stops firing, before any
 // other can take over; a dispatcher that stops gives the lease up, so that
 // another takes it within a third of ttl.
@@ -92,7 +94,10 @@ func (l *lease) keep(ctx context.Context) bool {
 	}
 	// Its own lease, which it stopped renewing while the bucket could not
 	// be written and no one took over; or a lease its holder left.
-	if holder.Holder == l.self.Holder || sent.Sub(l.seenAt) >= l.ttl {
+	// The looks come every third of ttl, each a little early or late: the
+	// third after the first is ttl later, give or take that jitter, which
+	// must not cost one more look (a third of ttl more to take over).
+	if holder.Holder == l.self.Holder || sent.Sub(l.seenAt) >= l.ttl-l.every()/2 {
 		return l.take(ctx, value, sent, e.Revision())
 	}
 	return false
