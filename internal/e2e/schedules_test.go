@@ -189,9 +189,19 @@ func firings(t *testing.T, srv *natstest.Server, name string) map[string][]*job.
 	if err != nil {
 		t.Fatal(err)
 	}
+	out, err := readFirings(ctx, js, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// readFirings reads the first version of every job that schedule name
+// queued in pool default, by job id.
+func readFirings(ctx context.Context, js jetstream.JetStream, name string) (map[string][]*job.Record, error) {
 	s, err := js.Stream(ctx, "FLEET_POOL_default")
 	if err != nil {
-		t.Fatalf("the pool's stream: %v", err)
+		return nil, fmt.Errorf("the pool's stream: %w", err)
 	}
 	var filters []string
 	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
@@ -199,20 +209,20 @@ func firings(t *testing.T, srv *natstest.Server, name string) map[string][]*job.
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("read the pool's stream: %w", err)
 	}
 	out := map[string][]*job.Record{}
 	for {
 		batch, err := cons.FetchNoWait(256)
 		if err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("read the pool's stream: %w", err)
 		}
 		got, pending := 0, uint64(0)
 		for m := range batch.Messages() {
 			got++
 			var rec job.Record
 			if err := json.Unmarshal(m.Data(), &rec); err != nil {
-				t.Fatal(err)
+				return nil, fmt.Errorf("a record in the pool's stream: %w", err)
 			}
 			if rec.Labels[job.LabelSchedule] == name {
 				out[rec.ID] = append(out[rec.ID], &rec)
@@ -222,7 +232,7 @@ func firings(t *testing.T, srv *natstest.Server, name string) map[string][]*job.
 			}
 		}
 		if got == 0 || pending == 0 {
-			return out
+			return out, nil
 		}
 	}
 }
