@@ -554,8 +554,30 @@ func TestScheduleRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list2.Schedules) != 1 || list2.Schedules[0].Schedule.Name != "ends" {
-		t.Errorf("default's schedules after the delete: %+v", list2.Schedules)
+	if len(list2.Schedules) != 1 || list2.Schedules[0].Schedule.Name != "ends" || len(list2.Schedules[0].State.Recent) != 0 {
+		t.Errorf("default's schedules after the delete (a list carries no recent firings): %+v", list2.Schedules)
+	}
+	// Every tenant's, for the console: by tenant and name, with their
+	// recent firings.
+	all, err := f.Dispatcher.AllSchedules(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range all.Schedules {
+		names = append(names, i.Schedule.Tenant+"/"+i.Schedule.Name)
+	}
+	if strings.Join(names, " ") != "acme/ends default/ends" {
+		t.Errorf("every tenant's schedules: %v, want acme/ends default/ends", names)
+	}
+	if len(all.Schedules) == 2 {
+		recent := all.Schedules[1].State.Recent
+		if len(recent) != len(endJobs) || recent[0].Outcome != job.FiringMade || endJobs[recent[0].JobID] == nil {
+			t.Errorf("default/ends's recent firings: %+v, its jobs %d", recent, len(endJobs))
+		}
+		if all.Schedules[1].Schedule.Secrets != "" {
+			t.Error("every tenant's schedules show a template's secrets")
+		}
 	}
 }
 
