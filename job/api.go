@@ -89,10 +89,14 @@ func NewStatusReply(rec *Record, res *Result) *StatusReply {
 func (r *Record) NeedsResult() bool { return r.State.Final() || r.State == StateRunning }
 
 // ErrorReply is the answer to a request the fleet could not serve: the
-// reason, and whether the job does not exist.
+// reason, and whether the job (or schedule) does not exist, whether,
+// making a schedule, it already does, and whether the request itself is at
+// fault (trying it again as it is will not help).
 type ErrorReply struct {
 	Error    string `json:"error"`
 	NotFound bool   `json:"not_found,omitempty"`
+	Exists   bool   `json:"exists,omitempty"`
+	Invalid  bool   `json:"invalid,omitempty"`
 	// Retry says the request failed for a while only (NATS electing a
 	// leader, a server lost): the same request may be sent again.
 	Retry bool `json:"retry,omitempty"`

@@ -71,6 +71,7 @@ type flags struct {
 	console     bool
 	readOnly    bool
 	traceURL    string
+	schedLease  time.Duration
 }
 
 func run(args []string) error {
@@ -102,8 +103,10 @@ func run(args []string) error {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "key of --tls-cert")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA of client certificates: with it, clients must present one (mutual TLS)")
 	fs.BoolVar(&f.console, "console", true, "serve the web console at /ui/ on the HTTP address")
-	fs.BoolVar(&f.readOnly, "console-read-only", false, "the console shows everything but offers and accepts no cancel or retry")
+	fs.BoolVar(&f.readOnly, "console-read-only", false, "the console shows everything but offers and accepts no cancel, retry, pause or resume")
 	fs.StringVar(&f.traceURL, "trace-url", "", "link trace ids in the console: a URL template with {trace_id}, e.g. https://jaeger.example/trace/{trace_id}")
+	fs.DurationVar(&f.schedLease, "schedule-lease", dispatcher.DefaultScheduleLease,
+		"how long the dispatcher that fires the schedules holds their lease unrenewed: when it dies, another fires them within this and a second")
 	fs.BoolVar(&f.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the HTTP address")
 	fs.Usage = cli.Usage(fs, "usage: dispatcher [flags]")
 	if err := cli.Parse(fs, args); err != nil {
@@ -205,8 +208,9 @@ func run(args []string) error {
 	cfg := dispatcher.Config{
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore, V1: f.v1},
-		Limits: job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
-		Logger: log,
+		Limits:        job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
+		ScheduleLease: f.schedLease,
+		Logger:        log,
 	}
 	if admission != nil {
 		cfg.Admission = admission
@@ -234,7 +238,7 @@ func run(args []string) error {
 	var cons *console.Console
 	if f.console {
 		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, History: d.History, Status: d.Status,
-			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag,
+			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag, Schedules: d.AllSchedules, PauseSchedule: d.PauseSchedule,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}
 		if auth != nil {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,8 @@ type site struct {
 	caps    *capacity.Store
 	auth    *dispatcher.Auth
 	workDir string
+	// schedReads counts the console's reads of the schedules.
+	schedReads atomic.Int64
 }
 
 type siteOptions struct {
@@ -56,9 +59,13 @@ func startSite(t *testing.T, o siteOptions) *site {
 	d := s.f.Dispatcher
 	lag := d.Lag
 	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, History: d.History, Status: d.Status, Cancel: d.Cancel,
-		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly,
+		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly, PauseSchedule: d.PauseSchedule,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
+	cfg.Schedules = func(ctx context.Context) (*job.ScheduleList, error) {
+		s.schedReads.Add(1)
+		return d.AllSchedules(ctx)
+	}
 	if o.redisURL != "" {
 		caps, err := capacity.Open(o.redisURL, capacity.Config{})
 		if err != nil {
@@ -263,7 +270,7 @@ func (b *browser) open(t *testing.T, url string) {
 // page reported.
 func (b *browser) visitAll(t *testing.T, s *site, jobPath string) {
 	t.Helper()
-	pages := []string{"/ui/", "/ui/jobs", "/ui/workers", "/ui/dlq"}
+	pages := []string{"/ui/", "/ui/jobs", "/ui/workers", "/ui/dlq", "/ui/schedules"}
 	if jobPath != "" {
 		pages = append(pages, jobPath)
 	}

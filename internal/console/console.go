@@ -1,7 +1,7 @@
 // Package console is the fleet's web console, served by the dispatcher on
 // its HTTP address under /ui/: an overview of the pools, the jobs with
-// filters, each job's detail with its live log, the workers, and the dead
-// letters, every page kept live over server-sent events.
+// filters, each job's detail with its live log, the workers, the dead
+// letters and the schedules, every page kept live over server-sent events.
 //
 // Everything a page counts comes from memory: an index of the jobs (see
 // Index), fed by the pools' streams (see feed.go), which it replays when
@@ -9,7 +9,8 @@
 // shows the same; the live workers, read from Redis once a second whatever
 // the number of open consoles; and the dead letters, followed on their
 // stream. A job's page reads the job's history through the dispatcher when
-// it opens, then follows the job's subjects.
+// it opens, then follows the job's subjects. The schedules are read
+// through the dispatcher, at most once a second while pages show them.
 //
 // Pages, templates and assets are embedded in the binary. Pages carry no
 // inline script and a strict Content-Security-Policy; every action is a
@@ -55,6 +56,13 @@ type Config struct {
 	// Retry submits a tenant's dead-lettered job again (the dispatcher's
 	// RetryDeadLetter).
 	Retry func(ctx context.Context, tenant, id string) (*job.SubmitReply, error)
+	// Schedules returns every tenant's schedules with their recent firings
+	// (the dispatcher's AllSchedules), for the schedules page. Optional:
+	// without it the page says schedules are off.
+	Schedules func(ctx context.Context) (*job.ScheduleList, error)
+	// PauseSchedule pauses, or with paused false resumes, a tenant's
+	// schedule (the dispatcher's PauseSchedule).
+	PauseSchedule func(ctx context.Context, tenant, name string, paused bool) (*job.ScheduleInfo, error)
 	// Lag returns each pool's consumer lag. Optional.
 	Lag func() map[string]queue.Lag
 	// Auth decides who may use the console; nil leaves it open, which the
@@ -63,7 +71,7 @@ type Config struct {
 	// AnyHost lets an open console (no Auth) answer requests for any host
 	// name, not only loopback ones (the dispatcher's --insecure-http).
 	AnyHost bool
-	// ReadOnly hides and refuses cancel and retry.
+	// ReadOnly hides and refuses cancel, retry, pause and resume.
 	ReadOnly bool
 	// TraceURL links trace ids: {trace_id} is replaced by the id.
 	TraceURL string
@@ -88,6 +96,7 @@ type Console struct {
 	feed  *feed
 	work  *workers
 	dead  *deadLetters
+	sched *schedules
 	mux   *http.ServeMux
 	pages *pages
 	m     consoleMetrics
@@ -124,6 +133,7 @@ func New(cfg Config) (*Console, error) {
 	c.feed = newFeed(cfg.JS, c.names, c.index, c.log)
 	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
 	c.dead = &deadLetters{max: 5000}
+	c.sched = &schedules{read: cfg.Schedules}
 	c.m = newConsoleMetrics(c)
 	c.routes()
 	return c, nil
@@ -194,7 +204,7 @@ func newConsoleMetrics(c *Console) consoleMetrics {
 	m := telemetry.Meter()
 	var x consoleMetrics
 	x.streams, _ = m.Int64UpDownCounter("fleet.console.streams", metric.WithDescription("Console pages open with a live stream"))
-	x.actions, _ = m.Int64Counter("fleet.console.actions", metric.WithDescription("Cancels and retries asked from the console, by action"))
+	x.actions, _ = m.Int64Counter("fleet.console.actions", metric.WithDescription("Cancels, retries, pauses and resumes asked from the console, by action"))
 	jobs, _ := m.Int64ObservableGauge("fleet.console.index.jobs", metric.WithDescription("Jobs in the console's index"))
 	applied, _ := m.Int64ObservableCounter("fleet.console.index.updates", metric.WithDescription("Job records the console's index has applied"))
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {

@@ -48,10 +48,13 @@ func (c *Console) routes() {
 	m.Handle("GET /ui/jobs/{tenant}/{pool}/{id}", c.page("job", "Job", c.jobPage))
 	m.Handle("GET /ui/workers", c.page("workers", "Workers", c.workersPage))
 	m.Handle("GET /ui/dlq", c.page("dlq", "Dead letters", c.dlqPage))
+	m.Handle("GET /ui/schedules", c.page("schedules", "Schedules", c.schedulesPage))
 	m.Handle("GET /ui/stream", c.guard(c.stream))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/cancel", c.action(c.cancel))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/retry", c.action(c.retryOne))
 	m.Handle("POST /ui/dlq/retry", c.action(c.retryMany))
+	m.Handle("POST /ui/schedules/{tenant}/{name}/pause", c.action(c.pauseSchedule))
+	m.Handle("POST /ui/schedules/{tenant}/{name}/resume", c.action(c.resumeSchedule))
 	c.mux = m
 }
 
@@ -120,7 +123,7 @@ func (c *Console) newView(name, title string, v who) *view {
 
 func (c *Console) fail(w http.ResponseWriter, err error) {
 	if errors.Is(err, queue.ErrNotFound) {
-		http.Error(w, "no such job", http.StatusNotFound)
+		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
 	var bad badRequest

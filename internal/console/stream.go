@@ -50,6 +50,9 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 	case "dlq":
 		build = c.dlqPage
 		changed = func() uint64 { return c.dead.versionOf() + c.index.Version() }
+	case "schedules":
+		build = c.schedulesPage
+		changed = func() uint64 { return c.sched.changed() + c.index.Version() }
 	case "job":
 		k, err := jobKey(q.Get)
 		if err != nil {
@@ -70,7 +73,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		}
 		changed = fl.changed
 	default:
-		http.Error(w, "page: one of overview, jobs, job, workers, dlq", http.StatusBadRequest)
+		http.Error(w, "page: one of overview, jobs, job, workers, dlq, schedules", http.StatusBadRequest)
 		return
 	}
 	rc := http.NewResponseController(w)

@@ -187,7 +187,7 @@ func (d *Dispatcher) replyOf(v any, err error, verb, subject string) ([]byte, er
 	case errors.Is(err, queue.ErrNotFound):
 		return json.Marshal(&job.ErrorReply{Error: err.Error(), NotFound: true})
 	case isInvalid(err):
-		return json.Marshal(&job.ErrorReply{Error: err.Error()})
+		return json.Marshal(&job.ErrorReply{Error: err.Error(), Invalid: true})
 	case err != nil:
 		d.log.Warn(verb+" failed", "subject", subject, "err", err)
 		return json.Marshal(&job.ErrorReply{Error: verb + " failed; try again", Retry: true})

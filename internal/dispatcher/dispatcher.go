@@ -52,6 +52,12 @@ type Config struct {
 	// Admission checks a request against the fleet's capacity. Defaults to
 	// accepting every request.
 	Admission Admission
+	// ScheduleLease is how long the dispatcher that fires the schedules
+	// keeps their lease without renewing it: when it dies, another fires
+	// them within this and a second. Defaults to DefaultScheduleLease (3s).
+	ScheduleLease time.Duration
+	// Now is the schedules' clock. Defaults to time.Now; tests move it.
+	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -68,6 +74,10 @@ func (c Config) WithDefaults() Config {
 	c.Queue = c.Queue.WithDefaults()
 	c.Limits = c.Limits.WithDefaults()
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
+	c.ScheduleLease = cmp.Or(c.ScheduleLease, DefaultScheduleLease)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -86,6 +96,9 @@ func (c Config) validate() error {
 	}
 	if c.Queue.AckWait < time.Second {
 		return fmt.Errorf("ack wait %s: at least a second", c.Queue.AckWait)
+	}
+	if c.ScheduleLease < time.Second {
+		return fmt.Errorf("schedule lease %s: at least a second", c.ScheduleLease)
 	}
 	if c.Limits.MaxRequestBytes < 1024 {
 		return fmt.Errorf("max request bytes %d: at least 1024", c.Limits.MaxRequestBytes)
@@ -123,7 +136,11 @@ type Dispatcher struct {
 	subs []*nats.Subscription
 	// poolStates is the pools bucket: what operators set about pools.
 	poolStates jetstream.KeyValue
-	intakes    []jetstream.MessagesContext
+	// schedules is the schedules bucket; sched fires them while this
+	// dispatcher holds their lease.
+	schedules jetstream.KeyValue
+	sched     *scheduler
+	intakes   []jetstream.MessagesContext
 	// inFlight counts the submissions and requests being processed, which
 	// Stop waits for.
 	inFlight sync.WaitGroup
@@ -173,6 +190,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.poolStates, err = queue.OpenBucket(ctx, d.js, d.names.PoolsBucket(), d.log); err != nil {
 		return err
 	}
+	if d.schedules, err = queue.OpenBucket(ctx, d.js, d.names.SchedulesBucket(), d.log); err != nil {
+		return err
+	}
 	intake, err := queue.IntakeConsumerV2(ctx, d.js, d.cfg.Queue, d.log)
 	if err != nil {
 		return err
@@ -205,6 +225,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.names.AllRequests("retry"):   d.onRequest,
 		d.names.AllUploadsRequests():   d.onRequest,
 		d.names.AllPools():             d.onPool,
+		d.names.AllScheduleRequests():  d.onSchedule,
 	}
 	if d.cfg.Queue.V1 {
 		if err := d.startV1(ctx, subscribe, onDirect); err != nil {
@@ -241,6 +262,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			return d.consume(ctx, m)
 		}}})
 	}
+	d.sched = newScheduler(d, d.schedules)
+	services = append(services, service{"the scheduler", d.sched})
 	if d.cfg.Queue.V1 {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
 	}

@@ -25,6 +25,7 @@ import (
 //	POST /v1/jobs/{id}/cancel   cancel a job
 //	GET  /v1/jobs/{id}/outputs/{name}   a declared output (see serveArtifacts)
 //	GET  /v1/jobs/{id}/logs     an attempt's log
+//	/v1/schedules...            schedules (see serveSchedules)
 //	GET  /healthz               the process is up
 //	GET  /readyz                the dispatcher can take submissions
 //
@@ -48,6 +49,7 @@ func NewAPI(d *Dispatcher) *API {
 	a.mux.HandleFunc("POST /v1/pools/{pool}/pause", a.pause)
 	a.mux.HandleFunc("POST /v1/pools/{pool}/resume", a.pause)
 	a.serveArtifacts()
+	a.serveSchedules()
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -7,7 +7,8 @@
 // A Runner carries that state for one background goroutine; Every is a
 // Service that runs a function now and then every interval; Group starts
 // services in order and stops them in reverse. Tick is the one periodic
-// loop of the fleet, and Backoff the one way it waits between tries.
+// loop of the fleet, Alarm the loop of work due at times of its own, and
+// Backoff the one way it waits between tries.
 package lifecycle
 
 import (
@@ -176,6 +177,24 @@ func TickOrWake(ctx context.Context, interval time.Duration, wake <-chan struct{
 		case <-t.C:
 			onTick(ctx)
 		}
+	}
+}
+
+// Alarm calls fn at once, then again each time the wait fn returned has
+// passed or wake receives, one call at a time, until ctx ends: the loop of
+// work that falls due at times only the work knows, such as a scheduler's
+// next firing.
+func Alarm(ctx context.Context, wake <-chan struct{}, fn func(context.Context) time.Duration) {
+	t := time.NewTimer(fn(ctx))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-t.C:
+		}
+		t.Reset(fn(ctx))
 	}
 }
 

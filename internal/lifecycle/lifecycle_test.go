@@ -207,3 +207,40 @@ func TestRetryBacksOffUntilItWorksAndLogsOnce(t *testing.T) {
 		t.Error("Retry outlived its context")
 	}
 }
+
+func TestAlarmCallsAgainAfterTheWaitItAsksOrAWake(t *testing.T) {
+	var calls []time.Time
+	var mu sync.Mutex
+	wake := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Alarm(ctx, wake, func(context.Context) time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, time.Now())
+			if len(calls) < 3 {
+				return 30 * time.Millisecond
+			}
+			return time.Hour
+		})
+	}()
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	n := len(calls)
+	gap := calls[1].Sub(calls[0])
+	mu.Unlock()
+	if n != 3 || gap < 30*time.Millisecond {
+		t.Fatalf("%d calls, the second %s after the first; want 3, 30ms apart", n, gap)
+	}
+	wake <- struct{}{} // an hour's wait cut short
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 4 {
+		t.Errorf("%d calls after a wake, want 4", len(calls))
+	}
+}

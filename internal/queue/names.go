@@ -35,7 +35,11 @@ type Lag struct {
 //	fleet.stop.<pool>.<tenant>.<id>        core NATS: the dispatcher tells the pool's workers to stop an attempt
 //	fleet.wake.<pool>                      core NATS: a job was queued for the pool
 //	fleet.dlq.<pool>.<tenant>.<id>         stream FLEET_DLQ
+//	fleet.t.<tenant>.schedules.<verb>.<name>  request/reply: create, update, delete, pause, resume, show a schedule
+//	fleet.t.<tenant>.schedules.list        request/reply: the tenant's schedules
 //	fleet-keys                             key-value bucket of the key that seals secrets
+//	fleet-schedules                        key-value bucket of the schedules, their firings, and the
+//	                                       lease of the dispatcher that fires them
 //
 // Contract v1, kept for one release behind the dispatcher's --v1:
 //
@@ -271,6 +275,42 @@ func (n Names) AllPools() string { return n.prefix() + ".pools.>" }
 
 // PoolsBucket holds each pool's PoolState, by pool.
 func (n Names) PoolsBucket() string { return n.prefix() + "-pools" }
+
+// ScheduleRequest is the subject of a tenant's request about one of its
+// schedules: verb is create, update, delete, pause, resume or show.
+func (n Names) ScheduleRequest(tenant, verb, name string) string {
+	return n.prefix() + ".t." + tenant + ".schedules." + verb + "." + name
+}
+
+// ScheduleList is the subject of the request that lists a tenant's
+// schedules.
+func (n Names) ScheduleList(tenant string) string {
+	return n.prefix() + ".t." + tenant + ".schedules.list"
+}
+
+// AllScheduleRequests matches every tenant's requests about schedules.
+func (n Names) AllScheduleRequests() string { return n.prefix() + ".t.*.schedules.>" }
+
+// ParseScheduleRequest reads a request's subject about schedules: its
+// tenant, verb and, but for a list, the schedule's name.
+func (n Names) ParseScheduleRequest(subject string) (tenant, verb, name string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.prefix()+".t.")
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 3 && parts[1] == "schedules":
+		return parts[0], parts[2], "", true
+	case len(parts) == 4 && parts[1] == "schedules":
+		return parts[0], parts[2], parts[3], true
+	}
+	return "", "", "", false
+}
+
+// SchedulesBucket holds the schedules, what their firings did, and the
+// lease of the dispatcher that fires them.
+func (n Names) SchedulesBucket() string { return n.prefix() + "-schedules" }
 
 // Dispatchers is where dispatchers tell each other they run.
 func (n Names) Dispatchers() string { return n.prefix() + ".dispatchers" }

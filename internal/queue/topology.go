@@ -198,7 +198,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 			return nil
 		})
 	}
-	buckets := []jetstream.KeyValueConfig{c.PoolsKeyValue(), c.KeysKeyValue()}
+	buckets := []jetstream.KeyValueConfig{c.PoolsKeyValue(), c.KeysKeyValue(), c.SchedulesKeyValue()}
 	if c.V1 {
 		buckets = append(buckets, c.KeyValue(), c.IntakeKeyValue())
 	}
@@ -242,6 +242,21 @@ func (c Config) PoolsKeyValue() jetstream.KeyValueConfig {
 		Bucket:      c.PoolsBucket(),
 		Description: "What operators set about each pool, by pool",
 		History:     5,
+		Storage:     c.storage(),
+		Replicas:    c.Replicas,
+	}
+}
+
+// SchedulesKeyValue returns the configuration of the schedules bucket:
+// each schedule (spec.<tenant>.<name>), what its firings did
+// (state.<tenant>.<name>), and the lease of the dispatcher that fires
+// them (leader), kept until changed.
+func (c Config) SchedulesKeyValue() jetstream.KeyValueConfig {
+	c = c.WithDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:      c.SchedulesBucket(),
+		Description: "Schedules, their firings, and the lease of the dispatcher that fires them",
+		History:     1,
 		Storage:     c.storage(),
 		Replicas:    c.Replicas,
 	}

@@ -157,6 +157,33 @@ func newVictim(t *testing.T, f *fleet) *victim {
 	return &victim{id: id, result: r, output: r.Artifacts["out.bin"], upload: *ref, logChunk: logChunk}
 }
 
+// newVictimSchedule makes a schedule of tenant default that fires on the
+// 29th of February only (not during the test), and waits until a dispatcher holds the schedules'
+// lease, so that the bucket holds what it will hold throughout; it returns
+// the schedule's name.
+func newVictimSchedule(t *testing.T, f *fleet) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := f.client.CreateSchedule(ctx, &job.Schedule{Name: "victim", Cron: "0 0 29 2 *",
+		Template: &job.Request{Command: []string{"ok"}}}); err != nil {
+		t.Fatalf("create a schedule: %v", err)
+	}
+	kv, err := f.d.JetStream().KeyValue(ctx, "fleet-schedules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := kv.Get(ctx, "leader"); err == nil {
+			return "victim"
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no dispatcher took the schedules' lease")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // chunk is the subject of the first chunk of an object.
 func chunk(t *testing.T, f *fleet, bucket, key string) string {
 	t.Helper()
@@ -182,17 +209,20 @@ func TestRolesAreConfined(t *testing.T) {
 	acme, work := f.acmeConn, f.work
 	s := f.srv
 
+	sched := newVictimSchedule(t, f)
 	outChunk := chunk(t, f, v.output.Bucket, v.output.Key)
 	upChunk := chunk(t, f, v.upload.Bucket, v.upload.Key)
 	before := map[string]uint64{}
 	for _, st := range []string{"FLEET_POOL_gpu", "FLEET_POOL_default", "FLEET_DLQ", "FLEET_EVENTS", "FLEET_INTAKE",
-		"OBJ_fleet-artifacts-gpu", "OBJ_fleet-uploads-default"} {
+		"OBJ_fleet-artifacts-gpu", "OBJ_fleet-uploads-default", "KV_fleet-schedules"} {
 		before[st] = s.streamMsgs(t, st)
 	}
 	var (
 		rec    = map[string]any{"id": v.id, "tenant": "default", "pool": "gpu", "state": "succeeded"}
 		pull   = map[string]any{"batch": 1, "expires": int64(time.Second)}
 		lastOf = func(subject string) map[string]any { return map[string]any{"last_by_subj": subject} }
+		doc    = map[string]any{"name": "forged", "every": "1s", "template": map[string]any{"command": []string{"ok"}}}
+		holder = map[string]any{"holder": "forged"}
 	)
 
 	for _, o := range []forbidden{
@@ -213,6 +243,20 @@ func TestRolesAreConfined(t *testing.T) {
 		{"a default worker writes a tenant's uploads", work, "pub", upChunk, "forged"},
 		{"a default worker follows a tenant's records", work, "sub", "fleet.t.*.job.>", nil},
 		{"a default worker changes its pool's stream", work, "req", "$JS.API.STREAM.UPDATE.FLEET_POOL_default", nil},
+
+		// A worker has nothing to do with schedules: neither their
+		// requests nor their bucket.
+		{"a default worker creates a schedule", work, "req", "fleet.t.default.schedules.create.forged", doc},
+		{"a default worker lists a tenant's schedules", work, "req", "fleet.t.default.schedules.list", nil},
+		{"a default worker deletes a tenant's schedule", work, "req", "fleet.t.default.schedules.delete." + sched, nil},
+		{"a default worker hears the schedules' requests", work, "sub", "fleet.t.*.schedules.>", nil},
+		{"a default worker takes the schedules' lease", work, "pub", "$KV.fleet-schedules.leader", holder},
+		{"a default worker writes a schedule into its bucket", work, "pub", "$KV.fleet-schedules.spec.default.forged", doc},
+		{"a default worker reads a schedule from its bucket", work, "req", "$JS.API.DIRECT.GET.KV_fleet-schedules.$KV.fleet-schedules.spec.default." + sched, nil},
+		{"a default worker reads the schedules' bucket", work, "req", "$JS.API.DIRECT.GET.KV_fleet-schedules", lastOf("$KV.fleet-schedules.leader")},
+		{"a default worker follows the schedules' bucket", work, "req", "$JS.API.CONSUMER.CREATE.KV_fleet-schedules.peek.$KV.fleet-schedules.>", nil},
+		{"a default worker looks up the schedules' bucket", work, "req", "$JS.API.STREAM.INFO.KV_fleet-schedules", nil},
+		{"a default worker purges the schedules' bucket", work, "req", "$JS.API.STREAM.PURGE.KV_fleet-schedules", nil},
 
 		// The producer of tenant acme, against tenant default's job.
 		{"acme submits as default", acme, "req", "fleet.t.default.submit", map[string]any{"command": []string{"ok"}}},
@@ -249,6 +293,18 @@ func TestRolesAreConfined(t *testing.T) {
 		{"acme overhears default's replies", acme, "sub", "_INBOX.producer.default.>", nil},
 		{"acme overhears every reply", acme, "sub", "_INBOX.>", nil},
 
+		// The producer of tenant acme, against tenant default's schedules.
+		{"acme creates a schedule as default", acme, "req", "fleet.t.default.schedules.create.forged", doc},
+		{"acme lists default's schedules", acme, "req", "fleet.t.default.schedules.list", nil},
+		{"acme reads default's schedule", acme, "req", "fleet.t.default.schedules.show." + sched, nil},
+		{"acme pauses default's schedule", acme, "req", "fleet.t.default.schedules.pause." + sched, nil},
+		{"acme deletes default's schedule", acme, "req", "fleet.t.default.schedules.delete." + sched, nil},
+		{"acme hears every tenant's schedule requests", acme, "sub", "fleet.t.*.schedules.>", nil},
+		{"acme writes its own schedule into the bucket", acme, "pub", "$KV.fleet-schedules.spec.acme.forged", doc},
+		{"acme takes the schedules' lease", acme, "pub", "$KV.fleet-schedules.leader", holder},
+		{"acme reads default's schedule from the bucket", acme, "req", "$JS.API.DIRECT.GET.KV_fleet-schedules.$KV.fleet-schedules.spec.default." + sched, nil},
+		{"acme follows the schedules' bucket", acme, "req", "$JS.API.CONSUMER.CREATE.KV_fleet-schedules.peek.$KV.fleet-schedules.>", nil},
+
 		// The dispatcher takes no jobs and stores no files.
 		{"the dispatcher pulls a pool's jobs", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
 		{"the dispatcher changes a pool's consumer", f.disp, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.jobs-gpu.fleet.p.gpu.>", nil},
@@ -267,6 +323,8 @@ func TestRolesAreConfined(t *testing.T) {
 		{"an operator writes a pool's outputs", op, "pub", outChunk, "forged"},
 		{"an operator purges a bucket", op, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts-gpu", nil},
 		{"an operator deletes a stream", op, "req", "$JS.API.STREAM.DELETE.FLEET_DLQ", nil},
+		{"an operator writes a schedule into its bucket", op, "pub", "$KV.fleet-schedules.spec.default.forged", doc},
+		{"an operator takes the schedules' lease", op, "pub", "$KV.fleet-schedules.leader", holder},
 
 		// Contract v1 is off: none of its subjects is anyone's.
 		{"v1: a producer submits", f.prod, "pub", "fleet.submit", map[string]any{"command": []string{"ok"}}},
@@ -290,6 +348,13 @@ func TestRolesAreConfined(t *testing.T) {
 		r := f.result(t, v.id)
 		if r.Status != job.StatusSucceeded || r.Artifacts["out.bin"] != v.output {
 			t.Errorf("the victim's result: %+v", r)
+		}
+		l, err := f.client.Schedules(ctx)
+		if err != nil || len(l.Schedules) != 1 || l.Schedules[0].Schedule.Name != sched || l.Schedules[0].Status != job.ScheduleActive {
+			t.Errorf("tenant default's schedules: %+v, %v", l, err)
+		}
+		if l, err := f.acme.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
+			t.Errorf("tenant acme's schedules: %+v, %v", l, err)
 		}
 		o, err := f.client.Output(ctx, v.id, "out.bin")
 		if err != nil {

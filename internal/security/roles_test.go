@@ -511,6 +511,57 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 	})
 
+	t.Run("is made by a schedule of its tenant", func(t *testing.T) {
+		// A tenant's producer makes and lists its own schedule through the
+		// dispatcher, which holds the lease in the schedules bucket and
+		// fires it as that tenant; an operator sees and deletes it.
+		every := job.Duration(time.Second)
+		info, err := f.acme.CreateSchedule(ctx, &job.Schedule{Name: "nightly", Every: &every,
+			Template: &job.Request{Pool: "gpu", Command: []string{"ok"}}})
+		if err != nil {
+			t.Fatalf("create: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		if info.Schedule.Tenant != "acme" || info.Status != job.ScheduleActive {
+			t.Fatalf("created: %+v", info)
+		}
+		list, err := f.acme.Schedules(ctx)
+		if err != nil || len(list.Schedules) != 1 || list.Schedules[0].Schedule.Name != "nightly" {
+			t.Fatalf("list: %+v, %v (violations: %q)", list, err, f.srv.log.violations())
+		}
+		if own, err := f.client.Schedules(ctx); err != nil || len(own.Schedules) != 0 {
+			t.Fatalf("tenant default's list: %+v, %v", own, err)
+		}
+		var fired *job.ScheduleInfo
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			fired, err = f.acme.Schedule(ctx, "nightly")
+			if err != nil {
+				t.Fatalf("show: %v", err)
+			}
+			if fired.State.Previous != nil && fired.State.Previous.JobID != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the schedule did not fire: %+v (violations: %q)", fired.State, f.srv.log.violations())
+			}
+		}
+		if r := result(t, f, f.acme, fired.State.Previous.JobID); r.Status != job.StatusSucceeded || r.Pool != "gpu" {
+			t.Fatalf("the firing's result: %+v", r)
+		}
+		oc, err := client.New(op.Conn, client.WithTenant("acme"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, err := oc.Schedules(ctx); err != nil || len(l.Schedules) != 1 {
+			t.Fatalf("the operator's list of acme's schedules: %+v, %v (violations: %q)", l, err, f.srv.log.violations())
+		}
+		if _, err := oc.DeleteSchedule(ctx, "nightly"); err != nil {
+			t.Fatalf("the operator deletes acme's schedule: %v", err)
+		}
+		if l, err := f.acme.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
+			t.Fatalf("list after the delete: %+v, %v", l, err)
+		}
+	})
+
 	t.Run("restarted processes find what exists", func(t *testing.T) {
 		// A second dispatcher updates the streams and buckets the first
 		// one created; a second worker updates its pool's consumer.

@@ -1,0 +1,577 @@
+package dispatcher
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleet-dev/fleet/internal/lifecycle"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/schedule"
+	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// DefaultScheduleLease is how long the dispatcher that fires the schedules
+// holds its lease without renewing it (Config.ScheduleLease): after a
+// SIGKILL, the firings resume within it and a second.
+const DefaultScheduleLease = 3 * time.Second
+
+// scheduleFiresAtOnce bounds the firings being made at once.
+const scheduleFiresAtOnce = 64
+
+// scheduler fires the schedules of every tenant from the dispatcher that
+// holds the schedules' lease: it follows the schedules in their bucket,
+// sleeps until the next firing is due, and makes it through Submit, as a
+// producer's request would be, with the firing's id. What each firing did
+// is kept in the bucket beside the schedule, so that the next holder of
+// the lease goes on from there.
+type scheduler struct {
+	d     *Dispatcher
+	kv    jetstream.KeyValue
+	log   *slog.Logger
+	now   func() time.Time
+	lease *lease
+	m     scheduleMetrics
+
+	leasing lifecycle.Every
+	// leading is the run of the lease's holder; nil when it does not hold
+	// it.
+	leading *lifecycle.Runner
+	// leads is whether it holds the lease, for the gauge.
+	leads atomic.Bool
+	// unregister drops the gauges.
+	unregister func()
+
+	mu      sync.Mutex
+	entries map[string]*entry // by <tenant>.<name>
+	wake    chan struct{}
+	sema    chan struct{}
+	fires   sync.WaitGroup
+}
+
+// entry is one schedule as the lease's holder follows it.
+type entry struct {
+	s        *job.Schedule
+	spec     *schedule.Spec
+	state    job.ScheduleState
+	stateRev uint64
+	// next is when it fires next, zero when it does not (paused, ended);
+	// busy while a firing is being made.
+	next     time.Time
+	busy     bool
+	failures int
+}
+
+func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
+	log := d.cfg.Logger.With("component", "scheduler")
+	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
+		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
+		sema: make(chan struct{}, scheduleFiresAtOnce), entries: map[string]*entry{}}
+	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
+	return s
+}
+
+// Start starts taking part in the lease.
+func (s *scheduler) Start(ctx context.Context) error {
+	s.unregister = s.gauges()
+	return s.leasing.Start(ctx)
+}
+
+// Stop stops firing, and gives the lease up for another dispatcher to take
+// at once.
+func (s *scheduler) Stop(ctx context.Context) error {
+	err := s.leasing.Stop(ctx)
+	s.stopLeading(ctx)
+	s.lease.release(ctx)
+	s.leads.Store(false)
+	if s.unregister != nil {
+		s.unregister()
+	}
+	return err
+}
+
+// tick keeps the lease, and starts or stops firing as it is held or not.
+func (s *scheduler) tick(ctx context.Context) {
+	held := s.lease.keep(ctx)
+	s.leads.Store(held)
+	switch {
+	case held && s.leading == nil:
+		s.log.Info("firing the schedules: this dispatcher holds their lease")
+		s.leading = &lifecycle.Runner{}
+		_ = s.leading.Go(ctx, s.lead)
+	case !held && s.leading != nil:
+		s.stopLeading(ctx)
+	case held && s.leading != nil:
+		select {
+		case <-s.leading.Done(): // its feed broke off: start it again
+			s.log.Warn("following the schedules stopped; starting again", "err", s.leading.Err())
+			s.leading = &lifecycle.Runner{}
+			_ = s.leading.Go(ctx, s.lead)
+		default:
+		}
+	}
+}
+
+func (s *scheduler) stopLeading(ctx context.Context) {
+	if s.leading == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := s.leading.Stop(ctx); err != nil {
+		s.log.Warn("stopping the firings", "err", err)
+	}
+	s.leading = nil
+	s.mu.Lock()
+	s.entries = map[string]*entry{}
+	s.mu.Unlock()
+}
+
+// lead fires the schedules until ctx ends: it reads what their firings
+// did, follows the schedules, and makes each firing when it is due.
+func (s *scheduler) lead(ctx context.Context) error {
+	defer s.fires.Wait()
+	states, err := s.states(ctx)
+	if err != nil {
+		return err
+	}
+	w, err := s.kv.Watch(ctx, "spec.>")
+	if err != nil {
+		return fmt.Errorf("follow the schedules: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	// The schedules as they are, then every change.
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		s.apply(e, states)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		for e := range w.Updates() {
+			s.apply(e, nil)
+		}
+		cancel(errFeedEnded)
+	}()
+	lifecycle.Alarm(ctx, s.wake, s.dispatch)
+	_ = w.Stop()
+	<-fed
+	if err := context.Cause(ctx); errors.Is(err, errFeedEnded) {
+		return err
+	}
+	return nil
+}
+
+// errFeedEnded is the end of the watch on the schedules, which the lease's
+// holder starts again.
+var errFeedEnded = errors.New("the feed of the schedules ended")
+
+// states reads what every schedule's firings did.
+func (s *scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
+	w, err := s.kv.Watch(ctx, "state.>", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("read the schedules' firings: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	out := map[string]stateEntry{}
+	for e := range w.Updates() {
+		if e == nil {
+			return out, nil
+		}
+		var st job.ScheduleState
+		if json.Unmarshal(e.Value(), &st) == nil {
+			out[strings.TrimPrefix(e.Key(), "state.")] = stateEntry{st, e.Revision()}
+		}
+	}
+	return nil, fmt.Errorf("read the schedules' firings: %w", ctx.Err())
+}
+
+type stateEntry struct {
+	st  job.ScheduleState
+	rev uint64
+}
+
+// apply takes in a schedule as its bucket holds it now.
+func (s *scheduler) apply(e jetstream.KeyValueEntry, states map[string]stateEntry) {
+	key := strings.TrimPrefix(e.Key(), "spec.")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.poke()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(s.entries, key)
+		return
+	}
+	var sc job.Schedule
+	if err := json.Unmarshal(e.Value(), &sc); err != nil {
+		s.log.Warn("a schedule that cannot be read is not fired", "key", e.Key(), "err", err)
+		return
+	}
+	spec, err := schedule.Validate(&sc, s.d.cfg.Limits)
+	if err != nil {
+		s.log.Warn("a schedule no longer valid is not fired", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
+		delete(s.entries, key)
+		return
+	}
+	ent := s.entries[key]
+	if ent == nil {
+		ent = &entry{}
+		if se, ok := states[key]; ok {
+			ent.stateRev = se.rev
+			if se.st.Created.Equal(sc.CreatedAt) {
+				ent.state = se.st
+			}
+		}
+		s.entries[key] = ent
+	}
+	if !ent.state.Created.Equal(sc.CreatedAt) { // made again under the same name
+		ent.state = job.ScheduleState{}
+	}
+	ent.state.Created = sc.CreatedAt
+	ent.s, ent.spec = &sc, spec
+	if !ent.busy {
+		ent.next = nextFiring(ent)
+	}
+}
+
+// poke wakes the loop.
+func (s *scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// nextFiring is when a schedule fires next: its first firing after the
+// last one dealt with, or after it became active. It may be past: then it
+// is due at once.
+func nextFiring(e *entry) time.Time {
+	if e.s.Paused {
+		return time.Time{}
+	}
+	from := e.s.ActiveSince
+	if e.state.Last != nil && e.state.Last.After(from) {
+		from = *e.state.Last
+	}
+	n, ok := e.spec.Next(from)
+	if !ok {
+		return time.Time{}
+	}
+	return n
+}
+
+// maxSleep bounds the loop's sleep, so that it looks again now and then
+// whatever happens.
+const maxSleep = time.Minute
+
+// dispatch starts the firings that are due, and returns how long to wait
+// until the next.
+func (s *scheduler) dispatch(ctx context.Context) time.Duration {
+	now := s.now()
+	soonest := now.Add(maxSleep)
+	s.mu.Lock()
+	var due []*entry
+	for _, e := range s.entries {
+		switch {
+		case e.busy || e.next.IsZero():
+		case !e.next.After(now):
+			e.busy = true
+			due = append(due, e)
+		case e.next.Before(soonest):
+			soonest = e.next
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range due {
+		s.fires.Add(1)
+		go func() {
+			defer s.fires.Done()
+			select {
+			case s.sema <- struct{}{}:
+			case <-ctx.Done():
+				s.mu.Lock()
+				e.busy = false
+				s.mu.Unlock()
+				return
+			}
+			defer func() { <-s.sema }()
+			s.fire(ctx, e)
+		}()
+	}
+	return max(soonest.Sub(now), 0)
+}
+
+// fire makes the firings of a schedule that are due, counts those too
+// late as missed, and records what it did.
+func (s *scheduler) fire(ctx context.Context, e *entry) {
+	s.mu.Lock()
+	sc, spec, st, rev := e.s, e.spec, e.state, e.stateRev
+	st.Recent = append([]job.Firing(nil), st.Recent...)
+	s.mu.Unlock()
+
+	now := s.now()
+	from := sc.ActiveSince
+	if st.Last != nil && st.Last.After(from) {
+		from = *st.Last
+	}
+	window := job.DefaultCatchUpWindow
+	if sc.CatchUpWindow != nil {
+		window = sc.CatchUpWindow.Std()
+	}
+	due := spec.Due(from, now, window, schedule.MaxCatchUp)
+	changed := false
+	if due.Missed > 0 {
+		last := due.LastMissed
+		st.Last, st.Missed, changed = &last, st.Missed+due.Missed, true
+		record(&st, job.Firing{At: last, Outcome: job.FiringMissed, Count: int(min(due.Missed, 1<<30))})
+		s.m.count(ctx, sc, job.FiringMissed, due.Missed)
+		s.log.Warn("schedule firings missed: older than the catch-up window", "tenant", sc.Tenant, "schedule", sc.Name,
+			"missed", due.Missed, "last", last, "catch_up_window", window)
+	}
+	failed := false
+	for _, at := range due.Fire {
+		f, err := s.fireOne(ctx, sc, &st, at)
+		if err != nil {
+			if ctx.Err() == nil {
+				lvl := slog.LevelWarn
+				if e.failures > 0 {
+					lvl = slog.LevelDebug
+				}
+				s.log.Log(ctx, lvl, "a schedule's firing could not be made; trying again", "tenant", sc.Tenant,
+					"schedule", sc.Name, "at", at, "err", err)
+			}
+			failed = true
+			break
+		}
+		st.Last, changed = &at, true
+		record(&st, f)
+	}
+	s.mu.Lock()
+	gone := s.entries[sc.Tenant+"."+sc.Name] != e
+	s.mu.Unlock()
+	if changed && !gone {
+		rev = s.writeState(ctx, sc, &st, rev)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.poke()
+	e.busy = false
+	if s.entries[sc.Tenant+"."+sc.Name] != e {
+		return // deleted meanwhile
+	}
+	e.state, e.stateRev = st, rev
+	if failed {
+		e.failures++
+		e.next = now.Add(min(time.Duration(e.failures)*time.Second, 10*time.Second))
+		return
+	}
+	e.failures = 0
+	e.next = nextFiring(e)
+}
+
+// record adds a firing to a state's recent ones, and to its counts.
+func record(st *job.ScheduleState, f job.Firing) {
+	switch f.Outcome {
+	case job.FiringMade:
+		st.Made++
+	case job.FiringSkipped:
+		st.Skipped++
+	case job.FiringRejected:
+		st.Rejected++
+	}
+	st.Recent = append(st.Recent, f)
+	if n := len(st.Recent) - job.MaxRecentFirings; n > 0 {
+		st.Recent = append(st.Recent[:0:0], st.Recent[n:]...)
+	}
+}
+
+// fireOne makes one firing: it applies the overlap policy to the previous
+// firing's job, then submits the template with the firing's id. An error
+// means the fleet could not decide now; the firing is tried again.
+func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time) (job.Firing, error) {
+	id := job.FiringID(sc.Name, at)
+	ctx, span := telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("fleet.tenant", sc.Tenant), attribute.String("fleet.schedule", sc.Name),
+			attribute.String("fleet.schedule.firing", at.UTC().Format(time.RFC3339)), attribute.String("fleet.job.id", id)))
+	defer span.End()
+	f, err := s.makeFiring(ctx, sc, st, at, id)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "firing not made")
+		return f, err
+	}
+	span.SetAttributes(attribute.String("fleet.schedule.outcome", string(f.Outcome)))
+	return f, nil
+}
+
+func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, id string) (job.Firing, error) {
+	f := job.Firing{At: at, JobID: id}
+	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
+	if prev := st.Previous; policy != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id {
+		rec, _, err := s.d.jobs.Latest(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+		case err != nil:
+			return f, fmt.Errorf("the previous firing's job %s: %w", prev.JobID, err)
+		case !rec.State.Final() && rec.State != job.StateRejected:
+			if policy == job.OverlapSkip {
+				s.m.count(ctx, sc, job.FiringSkipped, 1)
+				s.log.Info("schedule firing skipped: the previous one's job has not ended", "tenant", sc.Tenant,
+					"schedule", sc.Name, "at", at, "previous", prev.JobID, "state", rec.State)
+				return job.Firing{At: at, Outcome: job.FiringSkipped, JobID: prev.JobID, Pool: prev.Pool}, nil
+			}
+			if _, err := s.d.Cancel(ctx, sc.Tenant, prev.JobID); err != nil {
+				return f, fmt.Errorf("cancel the previous firing's job %s: %w", prev.JobID, err)
+			}
+			f.Cancelled = prev.JobID
+			s.log.Info("schedule firing cancelled the previous one's job", "tenant", sc.Tenant, "schedule", sc.Name,
+				"at", at, "cancelled", prev.JobID)
+		}
+	}
+	r := schedule.Firing(sc, at)
+	if err := s.d.sealer.Open(templateKey(sc.Tenant, sc.Name), r, sc.Secrets); err != nil {
+		return f, fmt.Errorf("open the template's secrets: %w", err)
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return f, fmt.Errorf("encode the firing's request: %w", err)
+	}
+	reply, err := s.d.Submit(ctx, sc.Tenant, data)
+	if err != nil {
+		return f, err
+	}
+	if reply.Rejected() {
+		f.Outcome, f.Error = job.FiringRejected, reply.Error
+		s.m.count(ctx, sc, job.FiringRejected, 1)
+		s.log.Warn("schedule firing rejected", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "reason", reply.Error)
+		return f, nil
+	}
+	queued := s.now()
+	f.Outcome, f.Pool, f.QueuedAt = job.FiringMade, reply.Pool, &queued
+	prev := f
+	st.Previous = &prev
+	if !reply.Duplicate { // a duplicate was made by another dispatcher, and counted there
+		s.m.count(ctx, sc, job.FiringMade, 1)
+		s.m.lateness.Record(ctx, queued.Sub(at).Seconds())
+	}
+	s.log.Debug("schedule fired", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "job_id", reply.JobID,
+		"late", queued.Sub(at), "duplicate", reply.Duplicate)
+	return f, nil
+}
+
+// writeState records what a schedule's firings did, with a compare-and-set
+// on the revision last read or written, and returns the new revision. A
+// write another dispatcher got in first is read back: the state that went
+// further wins. A write that fails is tried again with the next firing.
+func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
+	key := stateKey(sc.Tenant, sc.Name)
+	for try := 0; try < 3; try++ {
+		data, err := json.Marshal(st)
+		if err != nil {
+			return rev
+		}
+		var next uint64
+		if rev == 0 {
+			next, err = s.kv.Create(ctx, key, data)
+		} else {
+			next, err = s.kv.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			return next
+		}
+		if !conflict(err) {
+			s.log.Debug("recording a schedule's firings", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
+			return rev
+		}
+		cur, gerr := s.kv.Get(ctx, key)
+		if gerr != nil {
+			return 0
+		}
+		rev = cur.Revision()
+		var theirs job.ScheduleState
+		if json.Unmarshal(cur.Value(), &theirs) == nil && theirs.Created.Equal(st.Created) && theirs.Last != nil &&
+			(st.Last == nil || theirs.Last.After(*st.Last)) {
+			*st = theirs
+			return rev
+		}
+	}
+	return rev
+}
+
+func specKey(tenant, name string) string  { return "spec." + tenant + "." + name }
+func stateKey(tenant, name string) string { return "state." + tenant + "." + name }
+
+// templateKey binds a template's sealed secrets to its schedule. Its pool
+// is no pool's name, so the text cannot be moved to a job's record.
+func templateKey(tenant, name string) queue.JobKey {
+	return queue.JobKey{Tenant: tenant, Pool: "~schedule", ID: name}
+}
+
+type scheduleMetrics struct {
+	firings  metric.Int64Counter
+	lateness metric.Float64Histogram
+}
+
+func newScheduleMetrics(m metric.Meter) scheduleMetrics {
+	var x scheduleMetrics
+	x.firings, _ = m.Int64Counter("fleet.schedule.firings",
+		metric.WithDescription("Firings of schedules, by tenant, schedule and outcome: made, skipped_overlap, missed (older than the catch-up window), rejected"))
+	x.lateness, _ = m.Float64Histogram("fleet.schedule.lateness", metric.WithUnit("s"),
+		metric.WithDescription("From a firing's time to its job queued"),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+	return x
+}
+
+func (m scheduleMetrics) count(ctx context.Context, sc *job.Schedule, o job.FiringOutcome, n int64) {
+	m.firings.Add(ctx, n, metric.WithAttributeSet(attribute.NewSet(attribute.String("tenant", sc.Tenant),
+		attribute.String("schedule", sc.Name), attribute.String("outcome", string(o)))))
+}
+
+// gauges registers the next firing's time of each schedule, and whether
+// this dispatcher fires them; the returned function unregisters them.
+func (s *scheduler) gauges() func() {
+	m := telemetry.Meter()
+	next, _ := m.Float64ObservableGauge("fleet.schedule.next_firing.timestamp", metric.WithUnit("s"),
+		metric.WithDescription("When each schedule fires next, in seconds since the Unix epoch (reported by the dispatcher that fires them)"))
+	leader, _ := m.Int64ObservableGauge("fleet.schedule.leader",
+		metric.WithDescription("1 when this dispatcher holds the schedules' lease and fires them, else 0"))
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		var n int64
+		if s.leads.Load() {
+			n = 1
+		}
+		o.ObserveInt64(leader, n)
+		for _, e := range s.entries {
+			if e.next.IsZero() {
+				continue
+			}
+			o.ObserveFloat64(next, float64(e.next.UnixMilli())/1000, metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("tenant", e.s.Tenant), attribute.String("schedule", e.s.Name))))
+		}
+		return nil
+	}, next, leader)
+	if err != nil {
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
+}
