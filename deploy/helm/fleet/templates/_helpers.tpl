@@ -47,9 +47,9 @@
 {{- default (printf "%s-shared" (include "fleet.worker.fullname" .)) .Values.worker.sharedPVC.existingClaim }}
 {{- end }}
 
-{{/* The jobs stream of the worker's pool, as internal/queue names it. */}}
+{{/* The stream of the worker's pool (contract v2), as internal/queue names it. */}}
 {{- define "fleet.jobsStream" -}}
-{{- printf "%s_JOBS_%s" (.Values.subjectPrefix | replace "-" "_" | upper) .Values.worker.pool }}
+{{- printf "%s_POOL_%s" (.Values.subjectPrefix | replace "-" "_" | upper) .Values.worker.pool }}
 {{- end }}
 
 {{/* Labels. Call with (dict "ctx" $ "component" "worker"). */}}
