@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -116,7 +117,8 @@ func TestSlug(t *testing.T) {
 }
 
 // TestExampleRequests runs every example request of the README and of
-// docs/ (a ```json block with a "command") through the dispatcher's strict
+// docs/ (a ```json block with a "command", or a request with a "command"
+// given on a command line to echo or nats) through the dispatcher's strict
 // decoder and Validate, as the schema fixtures are: an example that the
 // fleet would refuse fails here.
 func TestExampleRequests(t *testing.T) {
@@ -133,13 +135,24 @@ func TestExampleRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, b := range p.Blocks {
-			if b.Info != "json" || !strings.Contains(b.Text, `"command"`) {
-				continue
-			}
-			n++
 			where := fmt.Sprintf("%s:%d", filepath.Base(f), b.Line)
-			if err := checkRequest([]byte(b.Text)); err != nil {
-				t.Errorf("%s: the example request is refused: %v", where, err)
+			var docs []string
+			switch {
+			case b.Info == "json" && strings.Contains(b.Text, `"command"`):
+				docs = []string{b.Text}
+			case b.Info == "":
+				// A command block: the requests piped into fleetctl.
+				for _, m := range echoed.FindAllStringSubmatch(b.Text, -1) {
+					if strings.Contains(m[1], `"command"`) {
+						docs = append(docs, m[1])
+					}
+				}
+			}
+			for _, doc := range docs {
+				n++
+				if err := checkRequest([]byte(doc)); err != nil {
+					t.Errorf("%s: the example request is refused: %v\n%s", where, err, doc)
+				}
 			}
 		}
 	}
@@ -166,6 +179,10 @@ func TestExampleRequestsCanFail(t *testing.T) {
 		t.Errorf("the smallest request is refused: %v", err)
 	}
 }
+
+// echoed finds a request given on a command line: echo '{...}' | fleetctl
+// submit -f -, or nats req <subject> '{...}'.
+var echoed = regexp.MustCompile(`(?:echo|nats req \S+|nats pub \S+) '(\{[^']*\})'`)
 
 func checkRequest(data []byte) error {
 	if !json.Valid(data) {
