@@ -5,7 +5,7 @@
 #   docker run --rm fleet:dev dispatcher --help
 #   docker run --rm fleet:dev worker --executor kubernetes ...
 #
-# Two targets make the same image (see README.md, "Container image"):
+# Two targets make the same image (see docs/running.md, "Container image"):
 #
 #   docker build -t fleet:dev .
 #       runtime, the default: compiles in the golang image and copies the

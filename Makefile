@@ -46,7 +46,7 @@ bench: build
 bench-console: build
 	./scripts/bench-console.sh
 
-## screenshots: the README's pictures of the console (docs/console-*.png), from a fleet in the test, through headless Chromium
+## screenshots: the pictures of docs/console.md (docs/console-*.png), from a fleet in the test, through headless Chromium
 screenshots:
 	FLEET_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleScreenshots$$' ./internal/console/
 

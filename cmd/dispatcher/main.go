@@ -91,7 +91,7 @@ func run(args []string) error {
 	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a request's inputs by reference (give workers the same)")
 	fs.BoolVar(&f.v1, "v1", true, "keep contract v1 working beside v2 for its producers and consumers: "+
 		"fleet.submit[.direct], fleet.cancel.<id>, fleet.events.<id>, fleet.results.<id> and the jobs bucket, "+
-		"for the default tenant (off in the production profiles; see the README's migration)")
+		"for the default tenant (off in the production profiles; see docs/contract.md on moving to v2)")
 	fs.BoolVar(&f.memoryStore, "memory-storage", false, "keep streams in memory (tests and benchmarks only: nothing survives a restart)")
 	f.redis.Register(fs, "Redis holding the workers' heartbeats and slot leases")
 	fs.StringVar(&f.admission, "admission", monitor.AdmitReject,

@@ -10,7 +10,7 @@ package console
 // tenant and pool: the server makes that copy whether or not anyone
 // listens, so following it costs one delivery per version and no consumer
 // (a consumer on a stream costs the server work on every message stored,
-// even between pulls: see the README's figures). The index applies what
+// even between pulls: see the figures of docs/performance.md). The index applies what
 // arrives in batches, under one lock.
 //
 // A core subscription may miss messages (a reconnection, a slow consumer,

@@ -18,13 +18,13 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// TestConsoleScreenshots draws the README's pictures of the console
+// TestConsoleScreenshots draws the pictures of the console in docs/console.md
 // (docs/console-*.png) from a fleet doing what the demo does, and more:
 // make screenshots runs it with FLEET_SCREENSHOTS set to the folder.
 func TestConsoleScreenshots(t *testing.T) {
 	dir := os.Getenv("FLEET_SCREENSHOTS")
 	if dir == "" {
-		t.Skip("draws the README's screenshots: run with FLEET_SCREENSHOTS=<folder> (make screenshots)")
+		t.Skip("draws the screenshots of docs/console.md: run with FLEET_SCREENSHOTS=<folder> (make screenshots)")
 	}
 	const interval = time.Second
 	rs := redistest.Start(t)

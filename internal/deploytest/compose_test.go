@@ -218,7 +218,7 @@ const standIns = `services:
 // TestComposeUpRunsAJob starts docker-compose.yml with `up --wait` (the
 // image built from local binaries; NATS and Redis stood in for, see
 // standIns), then runs a job on its Docker workers from the host, as the
-// README says.
+// Docker Compose section of docs/running.md says.
 func TestComposeUpRunsAJob(t *testing.T) {
 	f := composeUp(t, nil, standIns)
 	f.waitWorkers(t)

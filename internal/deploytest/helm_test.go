@@ -34,6 +34,7 @@ var valueSets = []struct {
 	{"all-on", []string{"ci/all-on-values.yaml"}},
 	{"hpa", []string{"ci/hpa-values.yaml"}},
 	{"cluster", []string{"values-cluster.yaml"}},
+	{"flags", []string{"ci/flags-values.yaml"}},
 }
 
 func valueArgs(files []string) []string {
@@ -266,7 +267,7 @@ func TestChartOptions(t *testing.T) {
 		trig := triggers[0].(map[string]any)
 		meta := trig["metadata"].(map[string]any)
 		// subjectPrefix acme-fleet and pool gpu-a100, as internal/queue names them.
-		if trig["type"] != "nats-jetstream" || meta["stream"] != "ACME_FLEET_JOBS_gpu-a100" || meta["consumer"] != "jobs-gpu-a100" {
+		if trig["type"] != "nats-jetstream" || meta["stream"] != "ACME_FLEET_POOL_gpu-a100" || meta["consumer"] != "jobs-gpu-a100" {
 			t.Errorf("trigger %v", trig)
 		}
 		if target, _, _ := unstructured.NestedString(so[0].Object, "spec", "scaleTargetRef", "name"); target != "fleet-all-worker" {
@@ -439,6 +440,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"sentinel without addresses", []string{"--set", "redis.mode=sentinel,redis.sentinel.masterName=m"}, "redis.sentinel.addresses"},
 		{"cluster without addresses", []string{"--set", "redis.mode=cluster"}, "redis.cluster.addresses"},
 		{"address with a comma", []string{"--set", `redis.mode=cluster,redis.cluster.addresses={a:1\,b:2}`}, "addresses"},
+		{"two pod templates", []string{"--set", "worker.podTemplate.existingConfigMap=pods,worker.podTemplate.inline.spec.nodeSelector.a=b"}, "not both"},
+		{"host network", []string{"--set", "dockerWorker.dockerNetwork=host"}, "dockerNetwork"},
+		{"label value with a comma", []string{"--set", `worker.labels.team=a\,b`}, "labels"},
+		{"byte limit", []string{"--set", "worker.maxLogBytes=-1"}, "maxLogBytes"},
+		{"adopt wait", []string{"--set", "dockerWorker.adoptWait=soon"}, "adoptWait"},
+		{"trace URL", []string{"--set", "dispatcher.console.traceURL=jaeger"}, "traceURL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, err := tryRun(root, env, nil, append([]string{h, "template", "fleet", chartDir}, tc.args...)...)

@@ -29,7 +29,7 @@ func clusterJob(id, sleep string) *job.Request {
 }
 
 // submitJobs submits n jobs and returns their ids. A submission that gets
-// no answer (see "On a NATS cluster" in README.md) is looked up by its id,
+// no answer (see "On a NATS cluster" in docs/running.md) is looked up by its id,
 // and sent again if the fleet does not know it: the id makes it run once.
 func submitJobs(t *testing.T, c *client.Client, prefix string, n int, sleep string) []string {
 	t.Helper()
@@ -224,7 +224,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	// Stored: otherwise, not the dispatchers' doing (see README.md on
+	// Stored: otherwise, not the dispatchers' doing (see docs/running.md on
 	// submitting while the intake stream elects a leader).
 	for stored := uint64(0); stored < 5; stored = lastSeq() - before {
 		if ctx.Err() != nil {

@@ -47,9 +47,9 @@
 {{- default (printf "%s-shared" (include "fleet.worker.fullname" .)) .Values.worker.sharedPVC.existingClaim }}
 {{- end }}
 
-{{/* The jobs stream of the worker's pool, as internal/queue names it. */}}
+{{/* The stream of the worker's pool (contract v2), as internal/queue names it. */}}
 {{- define "fleet.jobsStream" -}}
-{{- printf "%s_JOBS_%s" (.Values.subjectPrefix | replace "-" "_" | upper) .Values.worker.pool }}
+{{- printf "%s_POOL_%s" (.Values.subjectPrefix | replace "-" "_" | upper) .Values.worker.pool }}
 {{- end }}
 
 {{/* Labels. Call with (dict "ctx" $ "component" "worker"). */}}
@@ -154,6 +154,10 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
 {{- end }}
 {{- end }}
 {{- with .auth }}
+{{- with .inboxPrefix }}
+- name: FLEET_NATS_INBOX_PREFIX
+  value: {{ . | quote }}
+{{- end }}
 {{- if .existingSecret }}
 {{- if .user }}
 - name: FLEET_NATS_USER
@@ -250,5 +254,46 @@ affinity:
 {{- with .topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A map as k=v,k2=v2, by key. */}}
+{{- define "fleet.kvList" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%s" $k $v) }}{{ end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/*
+The flags that every worker takes, whatever its executor, as FLEET_*
+variables. Call with the component's values (.Values.worker or
+.Values.dockerWorker). Empty strings and zeros leave the worker's default.
+*/}}
+{{- define "fleet.workerFlagsEnv" -}}
+- name: FLEET_HANDOFF
+  value: {{ .handoff | quote }}
+- name: FLEET_ARTIFACTS
+  value: {{ .artifacts | quote }}
+- name: FLEET_ARCHIVE_LOGS
+  value: {{ .archiveLogs | quote }}
+{{- range $key, $env := dict "adoptWait" "FLEET_ADOPT_WAIT" "heartbeatInterval" "FLEET_HEARTBEAT_INTERVAL" "ackWait" "FLEET_ACK_WAIT" "dataRetention" "FLEET_DATA_RETENTION" }}
+{{- with index $ $key }}
+- name: {{ $env }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- range $key, $env := dict "maxOutputBytes" "FLEET_MAX_OUTPUT_BYTES" "maxArtifactBytes" "FLEET_MAX_ARTIFACT_BYTES" "maxJobArtifactBytes" "FLEET_MAX_JOB_ARTIFACT_BYTES" "maxLogBytes" "FLEET_MAX_LOG_BYTES" "maxInputRefBytes" "FLEET_MAX_INPUT_REF_BYTES" }}
+{{- with index $ $key }}
+- name: {{ $env }}
+  value: {{ . | int64 | toString | quote }}
+{{- end }}
+{{- end }}
+{{- with .labels }}
+- name: FLEET_LABELS
+  value: {{ include "fleet.kvList" . | quote }}
+{{- end }}
+{{- with .placementKeys }}
+- name: FLEET_PLACEMENT_KEYS
+  value: {{ join "," . | quote }}
 {{- end }}
 {{- end }}
