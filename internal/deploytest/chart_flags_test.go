@@ -191,6 +191,7 @@ func TestChartValuesReachTheirFlags(t *testing.T) {
 			"FLEET_MAX_INPUT_REF_BYTES": "17179869184",
 			"FLEET_HEARTBEAT_INTERVAL":  "2s",
 			"FLEET_ACK_WAIT":            "45s",
+			"FLEET_SCHEDULE_LEASE":      "5s",
 			"FLEET_NATS_INBOX_PREFIX":   "_INBOX.dispatcher",
 			"FLEET_NATS_TOKEN_FILE":     "/etc/fleet/nats-auth/token",
 		},
