@@ -277,35 +277,23 @@ func (c Config) IntakeKeyValue() jetstream.KeyValueConfig {
 }
 
 // IntakeConsumer creates or updates the dispatchers' consumer on the submit
-// stream, waiting as Setup does.
+// stream (contract v1), waiting as Setup does.
 func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
-	cc := jetstream.ConsumerConfig{
-		Durable:       c.Names.IntakeConsumer(),
-		Description:   "Dispatchers validating submissions",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: c.MaxAckPending,
-	}
-	var cons jetstream.Consumer
-	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, c.SubmitStream(), cc)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
-	}
-	return cons, nil
+	return intakeConsumer(ctx, js, c, c.SubmitStream(), "Dispatchers validating submissions", log)
 }
 
 // IntakeConsumerV2 creates or updates the dispatchers' consumer on the
 // intake stream (contract v2's stored submissions), waiting as Setup does.
 func IntakeConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
+	return intakeConsumer(ctx, js, c, c.IntakeStream(), "Dispatchers taking stored submissions", log)
+}
+
+func intakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, stream, desc string, log *slog.Logger) (jetstream.Consumer, error) {
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.Names.IntakeConsumer(),
-		Description:   "Dispatchers taking stored submissions",
+		Description:   desc,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1,
@@ -313,11 +301,11 @@ func IntakeConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, log
 	}
 	var cons jetstream.Consumer
 	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, c.IntakeStream(), cc)
+		cons, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
+		return nil, fmt.Errorf("create consumer %s on %s: %w", cc.Durable, stream, err)
 	}
 	return cons, nil
 }
