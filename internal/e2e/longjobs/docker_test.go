@@ -114,25 +114,27 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 }
 
 // TestDockerLiveUsage: while a container spins a CPU, the worker's
-// heartbeat and fleetctl status show it using more than half a core, and
-// memory.
+// heartbeat and fleetctl status show it using a good part of a core (more
+// than a quarter: the spinner shares two cores with the other parallel
+// tests, and on a loaded machine gets no more), and memory.
 func TestDockerLiveUsage(t *testing.T) {
+	const spinning = 25 // percent of a core
 	t.Parallel()
 	dockertest.Client(t)
 	image := dockertest.TestImage(t)
 	f := startFleet(t)
 	f.worker(t, "--executor", "docker", "--id", "spinner-host", "--pool", "docker", "--data-dir", t.TempDir(), "--heartbeat-interval", "500ms")
 	id := f.Submit(t, &job.Request{ID: "spinner", Pool: "docker", Image: image, PullPolicy: job.PullNever,
-		Command: []string{"/testprog", "spin", "10s"}, Timeout: dur(time.Minute)})
+		Command: []string{"/testprog", "spin", "20s"}, Timeout: dur(time.Minute)})
 
 	var seen *job.Usage
-	waitFor(t, "the spinner's usage in the worker's heartbeat", 8*time.Second, func() bool {
+	waitFor(t, "the spinner's usage in the worker's heartbeat", 15*time.Second, func() bool {
 		hbs, err := f.caps.Workers(context.Background(), "docker")
 		if err != nil || len(hbs) != 1 {
 			return false
 		}
 		for _, r := range hbs[0].Running {
-			if u := r.Usage; r.JobID == id && u != nil && u.CPUPercent != nil && *u.CPUPercent > 50 && u.MemoryBytes != nil && *u.MemoryBytes > 0 {
+			if u := r.Usage; r.JobID == id && u != nil && u.CPUPercent != nil && *u.CPUPercent > spinning && u.MemoryBytes != nil && *u.MemoryBytes > 0 {
 				seen = u
 				return true
 			}
@@ -153,7 +155,7 @@ func TestDockerLiveUsage(t *testing.T) {
 			return false
 		}
 		u := status.Usage
-		return status.Job.State == job.StateRunning && u != nil && u.CPUPercent != nil && *u.CPUPercent > 50 && u.MemoryBytes != nil && *u.MemoryBytes > 0
+		return status.Job.State == job.StateRunning && u != nil && u.CPUPercent != nil && *u.CPUPercent > spinning && u.MemoryBytes != nil && *u.MemoryBytes > 0
 	})
 	t.Logf("fleetctl status: cpu %.1f%%, memory %d bytes", *status.Usage.CPUPercent, *status.Usage.MemoryBytes)
 	cmd := exec.Command(fleettest.Binary(t, "fleetctl"), "status", id)
@@ -177,7 +179,7 @@ func TestDockerLiveUsage(t *testing.T) {
 		}
 		u := top[0].Usage
 		return top[0].JobID == id && top[0].Attempt == 1 && top[0].WorkerID == "spinner-host" &&
-			u != nil && u.CPUPercent != nil && *u.CPUPercent > 50 && u.MemoryBytes != nil && *u.MemoryBytes > 0
+			u != nil && u.CPUPercent != nil && *u.CPUPercent > spinning && u.MemoryBytes != nil && *u.MemoryBytes > 0
 	})
 	cmd = exec.Command(fleettest.Binary(t, "fleetctl"), "top")
 	cmd.Env = append(cmd.Environ(), f.env...)
