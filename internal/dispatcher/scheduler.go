@@ -426,16 +426,16 @@ func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.Sc
 	f := job.Firing{At: at, JobID: id}
 	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
 	if prev := st.Previous; policy != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id {
-		rec, _, err := s.d.jobs.Latest(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
+		state, final, err := s.d.jobs.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
 		case err != nil:
 			return f, fmt.Errorf("the previous firing's job %s: %w", prev.JobID, err)
-		case !rec.State.Final() && rec.State != job.StateRejected:
+		case !final && state != job.StateRejected:
 			if policy == job.OverlapSkip {
 				s.m.count(ctx, sc, job.FiringSkipped, 1)
 				s.log.Info("schedule firing skipped: the previous one's job has not ended", "tenant", sc.Tenant,
-					"schedule", sc.Name, "at", at, "previous", prev.JobID, "state", rec.State)
+					"schedule", sc.Name, "at", at, "previous", prev.JobID, "state", state)
 				return job.Firing{At: at, Outcome: job.FiringSkipped, JobID: prev.JobID, Pool: prev.Pool}, nil
 			}
 			if _, err := s.d.Cancel(ctx, sc.Tenant, prev.JobID); err != nil {
