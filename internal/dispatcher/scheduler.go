@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,9 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -74,6 +71,10 @@ type entry struct {
 	next     time.Time
 	busy     bool
 	failures int
+	// prep is its next firing made ready before its time; preparing while
+	// it is being made ready.
+	prep      *prepared
+	preparing bool
 }
 
 func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
@@ -277,28 +278,61 @@ func nextFiring(e *entry) time.Time {
 	return n
 }
 
+// prepareAhead is how long before its time a firing is made ready (see
+// prepare): at its time, only the overlap check, if the previous firing's
+// job had not ended yet, its admission and its queue write are left.
+const prepareAhead = 300 * time.Millisecond
+
 // maxSleep bounds the loop's sleep, so that it looks again now and then
 // whatever happens.
 const maxSleep = time.Minute
 
-// dispatch starts the firings that are due, and returns how long to wait
-// until the next.
+// dispatch starts the firings that are due, and the making ready of
+// those due within prepareAhead, and returns how long to wait until the
+// next of either.
 func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 	now := s.now()
 	soonest := now.Add(maxSleep)
 	s.mu.Lock()
-	var due []*entry
+	var due, ready []*entry
 	for _, e := range s.entries {
 		switch {
 		case e.busy || e.next.IsZero():
 		case !e.next.After(now):
 			e.busy = true
 			due = append(due, e)
-		case e.next.Before(soonest):
-			soonest = e.next
+		default:
+			wake := e.next
+			if !e.preparing && (e.prep == nil || e.prep.sc != e.s || !e.prep.at.Equal(e.next)) {
+				if e.next.Sub(now) <= prepareAhead {
+					e.preparing = true
+					ready = append(ready, e)
+				} else {
+					wake = e.next.Add(-prepareAhead)
+				}
+			}
+			if wake.Before(soonest) {
+				soonest = wake
+			}
 		}
 	}
 	s.mu.Unlock()
+	for _, e := range ready {
+		s.fires.Add(1)
+		go func() {
+			defer s.fires.Done()
+			select {
+			case s.sema <- struct{}{}:
+			case <-ctx.Done():
+				s.mu.Lock()
+				e.preparing = false
+				s.mu.Unlock()
+				return
+			}
+			defer func() { <-s.sema }()
+			s.prepare(ctx, e)
+		}()
+	}
 	for _, e := range due {
 		s.fires.Add(1)
 		go func() {
@@ -322,9 +356,13 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 // late as missed, and records what it did.
 func (s *scheduler) fire(ctx context.Context, e *entry) {
 	s.mu.Lock()
-	sc, spec, st, rev := e.s, e.spec, e.state, e.stateRev
+	sc, spec, st, rev, prep := e.s, e.spec, e.state, e.stateRev, e.prep
 	st.Recent = append([]job.Firing(nil), st.Recent...)
+	e.prep = nil // its request is the firing's
 	s.mu.Unlock()
+	if prep != nil && prep.sc != sc {
+		prep = nil
+	}
 
 	now := s.now()
 	from := sc.ActiveSince
@@ -347,7 +385,11 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 	}
 	failed := false
 	for _, at := range due.Fire {
-		f, err := s.fireOne(ctx, sc, &st, at)
+		p := prep
+		if p != nil && !p.at.Equal(at) {
+			p = nil
+		}
+		f, err := s.fireOne(ctx, sc, &st, at, p)
 		if err != nil {
 			if ctx.Err() == nil {
 				lvl := slog.LevelWarn
@@ -401,80 +443,6 @@ func record(st *job.ScheduleState, f job.Firing) {
 	if n := len(st.Recent) - job.MaxRecentFirings; n > 0 {
 		st.Recent = append(st.Recent[:0:0], st.Recent[n:]...)
 	}
-}
-
-// fireOne makes one firing: it applies the overlap policy to the previous
-// firing's job, then submits the template with the firing's id. An error
-// means the fleet could not decide now; the firing is tried again.
-func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time) (job.Firing, error) {
-	id := job.FiringID(sc.Name, at)
-	ctx, span := telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("fleet.tenant", sc.Tenant), attribute.String("fleet.schedule", sc.Name),
-			attribute.String("fleet.schedule.firing", at.UTC().Format(time.RFC3339)), attribute.String("fleet.job.id", id)))
-	defer span.End()
-	f, err := s.makeFiring(ctx, sc, st, at, id)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "firing not made")
-		return f, err
-	}
-	span.SetAttributes(attribute.String("fleet.schedule.outcome", string(f.Outcome)))
-	return f, nil
-}
-
-func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, id string) (job.Firing, error) {
-	f := job.Firing{At: at, JobID: id}
-	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
-	if prev := st.Previous; policy != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id {
-		state, final, err := s.d.jobs.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
-		switch {
-		case errors.Is(err, queue.ErrNotFound):
-		case err != nil:
-			return f, fmt.Errorf("the previous firing's job %s: %w", prev.JobID, err)
-		case !final && state != job.StateRejected:
-			if policy == job.OverlapSkip {
-				s.m.count(ctx, sc, job.FiringSkipped, 1)
-				s.log.Info("schedule firing skipped: the previous one's job has not ended", "tenant", sc.Tenant,
-					"schedule", sc.Name, "at", at, "previous", prev.JobID, "state", state)
-				return job.Firing{At: at, Outcome: job.FiringSkipped, JobID: prev.JobID, Pool: prev.Pool}, nil
-			}
-			if _, err := s.d.Cancel(ctx, sc.Tenant, prev.JobID); err != nil {
-				return f, fmt.Errorf("cancel the previous firing's job %s: %w", prev.JobID, err)
-			}
-			f.Cancelled = prev.JobID
-			s.log.Info("schedule firing cancelled the previous one's job", "tenant", sc.Tenant, "schedule", sc.Name,
-				"at", at, "cancelled", prev.JobID)
-		}
-	}
-	r := schedule.Firing(sc, at)
-	if err := s.d.sealer.Open(templateKey(sc.Tenant, sc.Name), r, sc.Secrets); err != nil {
-		return f, fmt.Errorf("open the template's secrets: %w", err)
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return f, fmt.Errorf("encode the firing's request: %w", err)
-	}
-	reply, err := s.d.Submit(ctx, sc.Tenant, data)
-	if err != nil {
-		return f, err
-	}
-	if reply.Rejected() {
-		f.Outcome, f.Error = job.FiringRejected, reply.Error
-		s.m.count(ctx, sc, job.FiringRejected, 1)
-		s.log.Warn("schedule firing rejected", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "reason", reply.Error)
-		return f, nil
-	}
-	queued := s.now()
-	f.Outcome, f.Pool, f.QueuedAt = job.FiringMade, reply.Pool, &queued
-	prev := f
-	st.Previous = &prev
-	if !reply.Duplicate { // a duplicate was made by another dispatcher, and counted there
-		s.m.count(ctx, sc, job.FiringMade, 1)
-		s.m.lateness.Record(ctx, queued.Sub(at).Seconds())
-	}
-	s.log.Debug("schedule fired", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "job_id", reply.JobID,
-		"late", queued.Sub(at), "duplicate", reply.Duplicate)
-	return f, nil
 }
 
 // writeState records what a schedule's firings did, with a compare-and-set
