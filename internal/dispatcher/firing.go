@@ -116,6 +116,11 @@ type prepared struct {
 func (s *scheduler) prepare(ctx context.Context, e *entry) {
 	s.mu.Lock()
 	sc, at, prev := e.s, e.next, e.state.Previous
+	if e.busy || !s.now().Before(at) { // too late: it is being fired
+		e.preparing = false
+		s.mu.Unlock()
+		return
+	}
 	s.mu.Unlock()
 	p := &prepared{sc: sc, at: at}
 	if data, err := s.request(sc, at); err == nil {
@@ -151,4 +156,59 @@ func (s *scheduler) request(sc *job.Schedule, at time.Time) ([]byte, error) {
 		return nil, fmt.Errorf("encode the firing's request: %w", err)
 	}
 	return data, nil
+}
+
+// record adds a firing to a state's recent ones, and to its counts.
+func record(st *job.ScheduleState, f job.Firing) {
+	switch f.Outcome {
+	case job.FiringMade:
+		st.Made++
+	case job.FiringSkipped:
+		st.Skipped++
+	case job.FiringRejected:
+		st.Rejected++
+	}
+	st.Recent = append(st.Recent, f)
+	if n := len(st.Recent) - job.MaxRecentFirings; n > 0 {
+		st.Recent = append(st.Recent[:0:0], st.Recent[n:]...)
+	}
+}
+
+// writeState records what a schedule's firings did, with a compare-and-set
+// on the revision last read or written, and returns the new revision. A
+// write another dispatcher got in first is read back: the state that went
+// further wins. A write that fails is tried again with the next firing.
+func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
+	key := stateKey(sc.Tenant, sc.Name)
+	for try := 0; try < 3; try++ {
+		data, err := json.Marshal(st)
+		if err != nil {
+			return rev
+		}
+		var next uint64
+		if rev == 0 {
+			next, err = s.kv.Create(ctx, key, data)
+		} else {
+			next, err = s.kv.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			return next
+		}
+		if !conflict(err) {
+			s.log.Debug("recording a schedule's firings", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
+			return rev
+		}
+		cur, gerr := s.kv.Get(ctx, key)
+		if gerr != nil {
+			return 0
+		}
+		rev = cur.Revision()
+		var theirs job.ScheduleState
+		if json.Unmarshal(cur.Value(), &theirs) == nil && theirs.Created.Equal(st.Created) && theirs.Last != nil &&
+			(st.Last == nil || theirs.Last.After(*st.Last)) {
+			*st = theirs
+			return rev
+		}
+	}
+	return rev
 }

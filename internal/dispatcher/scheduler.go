@@ -27,8 +27,13 @@ import (
 // SIGKILL, the firings resume within it and a second.
 const DefaultScheduleLease = 3 * time.Second
 
-// scheduleFiresAtOnce bounds the firings being made at once.
-const scheduleFiresAtOnce = 64
+// scheduleFiresAtOnce bounds the firings being made at once, and the
+// recordings of what they did; schedulePreparesAtOnce the firings being
+// made ready before their time.
+const (
+	scheduleFiresAtOnce    = 64
+	schedulePreparesAtOnce = 16
+)
 
 // scheduler fires the schedules of every tenant from the dispatcher that
 // holds the schedules' lease: it follows the schedules in their bucket,
@@ -56,8 +61,14 @@ type scheduler struct {
 	mu      sync.Mutex
 	entries map[string]*entry // by <tenant>.<name>
 	wake    chan struct{}
-	sema    chan struct{}
-	fires   sync.WaitGroup
+	// due takes the firings that are due to the scheduleFiresAtOnce
+	// goroutines that make them, fired what they did to as many that
+	// record it: a firing's place is free while it is recorded.
+	due   chan *entry
+	fired chan *fired
+	// prepping bounds the making ready of firings.
+	prepping chan struct{}
+	fires    sync.WaitGroup
 }
 
 // entry is one schedule as the lease's holder follows it.
@@ -81,7 +92,8 @@ func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
 	log := d.cfg.Logger.With("component", "scheduler")
 	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
 		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
-		sema: make(chan struct{}, scheduleFiresAtOnce), entries: map[string]*entry{}}
+		due: make(chan *entry), fired: make(chan *fired), prepping: make(chan struct{}, schedulePreparesAtOnce),
+		entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
 	return s
 }
@@ -172,6 +184,17 @@ func (s *scheduler) lead(ctx context.Context) error {
 		}
 		cancel(errFeedEnded)
 	}()
+	for range scheduleFiresAtOnce {
+		s.fires.Add(2)
+		go func() {
+			defer s.fires.Done()
+			s.firing(ctx)
+		}()
+		go func() {
+			defer s.fires.Done()
+			s.recording(ctx)
+		}()
+	}
 	lifecycle.Alarm(ctx, s.wake, s.dispatch)
 	_ = w.Stop()
 	<-fed
@@ -179,6 +202,36 @@ func (s *scheduler) lead(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// firing makes the firings that are due until ctx ends, and hands what
+// they did to recording.
+func (s *scheduler) firing(ctx context.Context) {
+	for {
+		select {
+		case e := <-s.due:
+			r := s.fire(ctx, e)
+			select {
+			case s.fired <- r:
+			case <-ctx.Done():
+				s.settle(ctx, r)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// recording records what the firings did until ctx ends.
+func (s *scheduler) recording(ctx context.Context) {
+	for {
+		select {
+		case r := <-s.fired:
+			s.settle(ctx, r)
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // errFeedEnded is the end of the watch on the schedules, which the lease's
@@ -281,7 +334,7 @@ func nextFiring(e *entry) time.Time {
 // prepareAhead is how long before its time a firing is made ready (see
 // prepare): at its time, only the overlap check, if the previous firing's
 // job had not ended yet, its admission and its queue write are left.
-const prepareAhead = 300 * time.Millisecond
+const prepareAhead = 500 * time.Millisecond
 
 // maxSleep bounds the loop's sleep, so that it looks again now and then
 // whatever happens.
@@ -322,39 +375,52 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 		go func() {
 			defer s.fires.Done()
 			select {
-			case s.sema <- struct{}{}:
+			case s.prepping <- struct{}{}:
 			case <-ctx.Done():
 				s.mu.Lock()
 				e.preparing = false
 				s.mu.Unlock()
 				return
 			}
-			defer func() { <-s.sema }()
+			defer func() { <-s.prepping }()
 			s.prepare(ctx, e)
 		}()
 	}
-	for _, e := range due {
+	if len(due) > 0 {
 		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
-			select {
-			case s.sema <- struct{}{}:
-			case <-ctx.Done():
-				s.mu.Lock()
-				e.busy = false
-				s.mu.Unlock()
-				return
+			for i, e := range due {
+				select {
+				case s.due <- e:
+				case <-ctx.Done():
+					s.mu.Lock()
+					for _, e := range due[i:] {
+						e.busy = false
+					}
+					s.mu.Unlock()
+					return
+				}
 			}
-			defer func() { <-s.sema }()
-			s.fire(ctx, e)
 		}()
 	}
 	return max(soonest.Sub(now), 0)
 }
 
-// fire makes the firings of a schedule that are due, counts those too
-// late as missed, and records what it did.
-func (s *scheduler) fire(ctx context.Context, e *entry) {
+// fired is what the firings of a schedule made at once did, to be
+// recorded.
+type fired struct {
+	e               *entry
+	sc              *job.Schedule
+	st              job.ScheduleState
+	rev             uint64
+	now             time.Time
+	changed, failed bool
+}
+
+// fire makes the firings of a schedule that are due, and counts those too
+// late as missed; settle records what they did.
+func (s *scheduler) fire(ctx context.Context, e *entry) *fired {
 	s.mu.Lock()
 	sc, spec, st, rev, prep := e.s, e.spec, e.state, e.stateRev, e.prep
 	st.Recent = append([]job.Firing(nil), st.Recent...)
@@ -405,10 +471,16 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 		st.Last, changed = &at, true
 		record(&st, f)
 	}
+	return &fired{e: e, sc: sc, st: st, rev: rev, now: now, changed: changed, failed: failed}
+}
+
+// settle records what a schedule's firings did, and when it fires next.
+func (s *scheduler) settle(ctx context.Context, r *fired) {
+	e, sc, st, rev, now, failed := r.e, r.sc, r.st, r.rev, r.now, r.failed
 	s.mu.Lock()
 	gone := s.entries[sc.Tenant+"."+sc.Name] != e
 	s.mu.Unlock()
-	if changed && !gone {
+	if r.changed && !gone {
 		rev = s.writeState(ctx, sc, &st, rev)
 	}
 
@@ -427,61 +499,6 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 	}
 	e.failures = 0
 	e.next = nextFiring(e)
-}
-
-// record adds a firing to a state's recent ones, and to its counts.
-func record(st *job.ScheduleState, f job.Firing) {
-	switch f.Outcome {
-	case job.FiringMade:
-		st.Made++
-	case job.FiringSkipped:
-		st.Skipped++
-	case job.FiringRejected:
-		st.Rejected++
-	}
-	st.Recent = append(st.Recent, f)
-	if n := len(st.Recent) - job.MaxRecentFirings; n > 0 {
-		st.Recent = append(st.Recent[:0:0], st.Recent[n:]...)
-	}
-}
-
-// writeState records what a schedule's firings did, with a compare-and-set
-// on the revision last read or written, and returns the new revision. A
-// write another dispatcher got in first is read back: the state that went
-// further wins. A write that fails is tried again with the next firing.
-func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
-	key := stateKey(sc.Tenant, sc.Name)
-	for try := 0; try < 3; try++ {
-		data, err := json.Marshal(st)
-		if err != nil {
-			return rev
-		}
-		var next uint64
-		if rev == 0 {
-			next, err = s.kv.Create(ctx, key, data)
-		} else {
-			next, err = s.kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return next
-		}
-		if !conflict(err) {
-			s.log.Debug("recording a schedule's firings", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
-			return rev
-		}
-		cur, gerr := s.kv.Get(ctx, key)
-		if gerr != nil {
-			return 0
-		}
-		rev = cur.Revision()
-		var theirs job.ScheduleState
-		if json.Unmarshal(cur.Value(), &theirs) == nil && theirs.Created.Equal(st.Created) && theirs.Last != nil &&
-			(st.Last == nil || theirs.Last.After(*st.Last)) {
-			*st = theirs
-			return rev
-		}
-	}
-	return rev
 }
 
 func specKey(tenant, name string) string  { return "spec." + tenant + "." + name }
