@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -211,4 +212,56 @@ func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.Sc
 		}
 	}
 	return rev
+}
+
+// recordAfter bounds how long the recording of a firing waits for the
+// firings still to be made; firedBuffer is how many made firings wait to
+// be recorded before the firings wait for the recordings.
+const (
+	recordAfter = 250 * time.Millisecond
+	firedBuffer = 4096
+)
+
+// gate counts work in progress, and lets a goroutine wait until there is
+// none.
+type gate struct {
+	mu   sync.Mutex
+	n    int
+	none chan struct{} // closed when n is 0
+}
+
+func (g *gate) add(k int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		g.none = make(chan struct{})
+	}
+	g.n += k
+}
+
+func (g *gate) done(k int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n -= k
+	if g.n == 0 {
+		close(g.none)
+	}
+}
+
+// wait waits until there is no work in progress, at most d or until ctx
+// ends.
+func (g *gate) wait(ctx context.Context, d time.Duration) {
+	g.mu.Lock()
+	n, none := g.n, g.none
+	g.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-none:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }

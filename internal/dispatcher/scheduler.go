@@ -66,6 +66,9 @@ type scheduler struct {
 	// record it: a firing's place is free while it is recorded.
 	due   chan *entry
 	fired chan *fired
+	// making counts the firings due and not made yet: the recordings wait
+	// for them (at most recordAfter), which leaves NATS to the queue writes.
+	making gate
 	// prepping bounds the making ready of firings.
 	prepping chan struct{}
 	fires    sync.WaitGroup
@@ -92,7 +95,7 @@ func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
 	log := d.cfg.Logger.With("component", "scheduler")
 	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
 		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
-		due: make(chan *entry), fired: make(chan *fired), prepping: make(chan struct{}, schedulePreparesAtOnce),
+		due: make(chan *entry), fired: make(chan *fired, firedBuffer), prepping: make(chan struct{}, schedulePreparesAtOnce),
 		entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
 	return s
@@ -211,6 +214,7 @@ func (s *scheduler) firing(ctx context.Context) {
 		select {
 		case e := <-s.due:
 			r := s.fire(ctx, e)
+			s.making.done(1)
 			select {
 			case s.fired <- r:
 			case <-ctx.Done():
@@ -227,6 +231,7 @@ func (s *scheduler) recording(ctx context.Context) {
 	for {
 		select {
 		case r := <-s.fired:
+			s.making.wait(ctx, recordAfter)
 			s.settle(ctx, r)
 		case <-ctx.Done():
 			return
@@ -387,6 +392,7 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 		}()
 	}
 	if len(due) > 0 {
+		s.making.add(len(due))
 		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
@@ -399,6 +405,7 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 						e.busy = false
 					}
 					s.mu.Unlock()
+					s.making.done(len(due) - i)
 					return
 				}
 			}
