@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,9 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -30,8 +27,13 @@ import (
 // SIGKILL, the firings resume within it and a second.
 const DefaultScheduleLease = 3 * time.Second
 
-// scheduleFiresAtOnce bounds the firings being made at once.
-const scheduleFiresAtOnce = 64
+// scheduleFiresAtOnce bounds the firings being made at once, and the
+// recordings of what they did; schedulePreparesAtOnce the firings being
+// made ready before their time.
+const (
+	scheduleFiresAtOnce    = 64
+	schedulePreparesAtOnce = 16
+)
 
 // scheduler fires the schedules of every tenant from the dispatcher that
 // holds the schedules' lease: it follows the schedules in their bucket,
@@ -59,8 +61,17 @@ type scheduler struct {
 	mu      sync.Mutex
 	entries map[string]*entry // by <tenant>.<name>
 	wake    chan struct{}
-	sema    chan struct{}
-	fires   sync.WaitGroup
+	// due takes the firings that are due to the scheduleFiresAtOnce
+	// goroutines that make them, fired what they did to as many that
+	// record it: a firing's place is free while it is recorded.
+	due   chan *entry
+	fired chan *fired
+	// making counts the firings due and not made yet: the recordings wait
+	// for them (at most recordAfter), which leaves NATS to the queue writes.
+	making gate
+	// prepping bounds the making ready of firings.
+	prepping chan struct{}
+	fires    sync.WaitGroup
 }
 
 // entry is one schedule as the lease's holder follows it.
@@ -74,13 +85,18 @@ type entry struct {
 	next     time.Time
 	busy     bool
 	failures int
+	// prep is its next firing made ready before its time; preparing while
+	// it is being made ready.
+	prep      *prepared
+	preparing bool
 }
 
 func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
 	log := d.cfg.Logger.With("component", "scheduler")
 	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
 		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
-		sema: make(chan struct{}, scheduleFiresAtOnce), entries: map[string]*entry{}}
+		due: make(chan *entry), fired: make(chan *fired, firedBuffer), prepping: make(chan struct{}, schedulePreparesAtOnce),
+		entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
 	return s
 }
@@ -171,6 +187,17 @@ func (s *scheduler) lead(ctx context.Context) error {
 		}
 		cancel(errFeedEnded)
 	}()
+	for range scheduleFiresAtOnce {
+		s.fires.Add(2)
+		go func() {
+			defer s.fires.Done()
+			s.firing(ctx)
+		}()
+		go func() {
+			defer s.fires.Done()
+			s.recording(ctx)
+		}()
+	}
 	lifecycle.Alarm(ctx, s.wake, s.dispatch)
 	_ = w.Stop()
 	<-fed
@@ -178,6 +205,38 @@ func (s *scheduler) lead(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// firing makes the firings that are due until ctx ends, and hands what
+// they did to recording.
+func (s *scheduler) firing(ctx context.Context) {
+	for {
+		select {
+		case e := <-s.due:
+			r := s.fire(ctx, e)
+			s.making.done(1)
+			select {
+			case s.fired <- r:
+			case <-ctx.Done():
+				s.settle(ctx, r)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// recording records what the firings did until ctx ends.
+func (s *scheduler) recording(ctx context.Context) {
+	for {
+		select {
+		case r := <-s.fired:
+			s.making.wait(ctx, recordAfter)
+			s.settle(ctx, r)
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // errFeedEnded is the end of the watch on the schedules, which the lease's
@@ -277,54 +336,106 @@ func nextFiring(e *entry) time.Time {
 	return n
 }
 
+// prepareAhead is how long before its time a firing is made ready (see
+// prepare): at its time, only the overlap check, if the previous firing's
+// job had not ended yet, its admission and its queue write are left.
+const prepareAhead = 500 * time.Millisecond
+
 // maxSleep bounds the loop's sleep, so that it looks again now and then
 // whatever happens.
 const maxSleep = time.Minute
 
-// dispatch starts the firings that are due, and returns how long to wait
-// until the next.
+// dispatch starts the firings that are due, and the making ready of
+// those due within prepareAhead, and returns how long to wait until the
+// next of either.
 func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 	now := s.now()
 	soonest := now.Add(maxSleep)
 	s.mu.Lock()
-	var due []*entry
+	var due, ready []*entry
 	for _, e := range s.entries {
 		switch {
 		case e.busy || e.next.IsZero():
 		case !e.next.After(now):
 			e.busy = true
 			due = append(due, e)
-		case e.next.Before(soonest):
-			soonest = e.next
+		default:
+			wake := e.next
+			if !e.preparing && (e.prep == nil || e.prep.sc != e.s || !e.prep.at.Equal(e.next)) {
+				if e.next.Sub(now) <= prepareAhead {
+					e.preparing = true
+					ready = append(ready, e)
+				} else {
+					wake = e.next.Add(-prepareAhead)
+				}
+			}
+			if wake.Before(soonest) {
+				soonest = wake
+			}
 		}
 	}
 	s.mu.Unlock()
-	for _, e := range due {
+	for _, e := range ready {
 		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
 			select {
-			case s.sema <- struct{}{}:
+			case s.prepping <- struct{}{}:
 			case <-ctx.Done():
 				s.mu.Lock()
-				e.busy = false
+				e.preparing = false
 				s.mu.Unlock()
 				return
 			}
-			defer func() { <-s.sema }()
-			s.fire(ctx, e)
+			defer func() { <-s.prepping }()
+			s.prepare(ctx, e)
+		}()
+	}
+	if len(due) > 0 {
+		s.making.add(len(due))
+		s.fires.Add(1)
+		go func() {
+			defer s.fires.Done()
+			for i, e := range due {
+				select {
+				case s.due <- e:
+				case <-ctx.Done():
+					s.mu.Lock()
+					for _, e := range due[i:] {
+						e.busy = false
+					}
+					s.mu.Unlock()
+					s.making.done(len(due) - i)
+					return
+				}
+			}
 		}()
 	}
 	return max(soonest.Sub(now), 0)
 }
 
-// fire makes the firings of a schedule that are due, counts those too
-// late as missed, and records what it did.
-func (s *scheduler) fire(ctx context.Context, e *entry) {
+// fired is what the firings of a schedule made at once did, to be
+// recorded.
+type fired struct {
+	e               *entry
+	sc              *job.Schedule
+	st              job.ScheduleState
+	rev             uint64
+	now             time.Time
+	changed, failed bool
+}
+
+// fire makes the firings of a schedule that are due, and counts those too
+// late as missed; settle records what they did.
+func (s *scheduler) fire(ctx context.Context, e *entry) *fired {
 	s.mu.Lock()
-	sc, spec, st, rev := e.s, e.spec, e.state, e.stateRev
+	sc, spec, st, rev, prep := e.s, e.spec, e.state, e.stateRev, e.prep
 	st.Recent = append([]job.Firing(nil), st.Recent...)
+	e.prep = nil // its request is the firing's
 	s.mu.Unlock()
+	if prep != nil && prep.sc != sc {
+		prep = nil
+	}
 
 	now := s.now()
 	from := sc.ActiveSince
@@ -347,7 +458,11 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 	}
 	failed := false
 	for _, at := range due.Fire {
-		f, err := s.fireOne(ctx, sc, &st, at)
+		p := prep
+		if p != nil && !p.at.Equal(at) {
+			p = nil
+		}
+		f, err := s.fireOne(ctx, sc, &st, at, p)
 		if err != nil {
 			if ctx.Err() == nil {
 				lvl := slog.LevelWarn
@@ -363,10 +478,16 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 		st.Last, changed = &at, true
 		record(&st, f)
 	}
+	return &fired{e: e, sc: sc, st: st, rev: rev, now: now, changed: changed, failed: failed}
+}
+
+// settle records what a schedule's firings did, and when it fires next.
+func (s *scheduler) settle(ctx context.Context, r *fired) {
+	e, sc, st, rev, now, failed := r.e, r.sc, r.st, r.rev, r.now, r.failed
 	s.mu.Lock()
 	gone := s.entries[sc.Tenant+"."+sc.Name] != e
 	s.mu.Unlock()
-	if changed && !gone {
+	if r.changed && !gone {
 		rev = s.writeState(ctx, sc, &st, rev)
 	}
 
@@ -385,135 +506,6 @@ func (s *scheduler) fire(ctx context.Context, e *entry) {
 	}
 	e.failures = 0
 	e.next = nextFiring(e)
-}
-
-// record adds a firing to a state's recent ones, and to its counts.
-func record(st *job.ScheduleState, f job.Firing) {
-	switch f.Outcome {
-	case job.FiringMade:
-		st.Made++
-	case job.FiringSkipped:
-		st.Skipped++
-	case job.FiringRejected:
-		st.Rejected++
-	}
-	st.Recent = append(st.Recent, f)
-	if n := len(st.Recent) - job.MaxRecentFirings; n > 0 {
-		st.Recent = append(st.Recent[:0:0], st.Recent[n:]...)
-	}
-}
-
-// fireOne makes one firing: it applies the overlap policy to the previous
-// firing's job, then submits the template with the firing's id. An error
-// means the fleet could not decide now; the firing is tried again.
-func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time) (job.Firing, error) {
-	id := job.FiringID(sc.Name, at)
-	ctx, span := telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("fleet.tenant", sc.Tenant), attribute.String("fleet.schedule", sc.Name),
-			attribute.String("fleet.schedule.firing", at.UTC().Format(time.RFC3339)), attribute.String("fleet.job.id", id)))
-	defer span.End()
-	f, err := s.makeFiring(ctx, sc, st, at, id)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "firing not made")
-		return f, err
-	}
-	span.SetAttributes(attribute.String("fleet.schedule.outcome", string(f.Outcome)))
-	return f, nil
-}
-
-func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, id string) (job.Firing, error) {
-	f := job.Firing{At: at, JobID: id}
-	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
-	if prev := st.Previous; policy != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id {
-		rec, _, err := s.d.jobs.Latest(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
-		switch {
-		case errors.Is(err, queue.ErrNotFound):
-		case err != nil:
-			return f, fmt.Errorf("the previous firing's job %s: %w", prev.JobID, err)
-		case !rec.State.Final() && rec.State != job.StateRejected:
-			if policy == job.OverlapSkip {
-				s.m.count(ctx, sc, job.FiringSkipped, 1)
-				s.log.Info("schedule firing skipped: the previous one's job has not ended", "tenant", sc.Tenant,
-					"schedule", sc.Name, "at", at, "previous", prev.JobID, "state", rec.State)
-				return job.Firing{At: at, Outcome: job.FiringSkipped, JobID: prev.JobID, Pool: prev.Pool}, nil
-			}
-			if _, err := s.d.Cancel(ctx, sc.Tenant, prev.JobID); err != nil {
-				return f, fmt.Errorf("cancel the previous firing's job %s: %w", prev.JobID, err)
-			}
-			f.Cancelled = prev.JobID
-			s.log.Info("schedule firing cancelled the previous one's job", "tenant", sc.Tenant, "schedule", sc.Name,
-				"at", at, "cancelled", prev.JobID)
-		}
-	}
-	r := schedule.Firing(sc, at)
-	if err := s.d.sealer.Open(templateKey(sc.Tenant, sc.Name), r, sc.Secrets); err != nil {
-		return f, fmt.Errorf("open the template's secrets: %w", err)
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return f, fmt.Errorf("encode the firing's request: %w", err)
-	}
-	reply, err := s.d.Submit(ctx, sc.Tenant, data)
-	if err != nil {
-		return f, err
-	}
-	if reply.Rejected() {
-		f.Outcome, f.Error = job.FiringRejected, reply.Error
-		s.m.count(ctx, sc, job.FiringRejected, 1)
-		s.log.Warn("schedule firing rejected", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "reason", reply.Error)
-		return f, nil
-	}
-	queued := s.now()
-	f.Outcome, f.Pool, f.QueuedAt = job.FiringMade, reply.Pool, &queued
-	prev := f
-	st.Previous = &prev
-	if !reply.Duplicate { // a duplicate was made by another dispatcher, and counted there
-		s.m.count(ctx, sc, job.FiringMade, 1)
-		s.m.lateness.Record(ctx, queued.Sub(at).Seconds())
-	}
-	s.log.Debug("schedule fired", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "job_id", reply.JobID,
-		"late", queued.Sub(at), "duplicate", reply.Duplicate)
-	return f, nil
-}
-
-// writeState records what a schedule's firings did, with a compare-and-set
-// on the revision last read or written, and returns the new revision. A
-// write another dispatcher got in first is read back: the state that went
-// further wins. A write that fails is tried again with the next firing.
-func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
-	key := stateKey(sc.Tenant, sc.Name)
-	for try := 0; try < 3; try++ {
-		data, err := json.Marshal(st)
-		if err != nil {
-			return rev
-		}
-		var next uint64
-		if rev == 0 {
-			next, err = s.kv.Create(ctx, key, data)
-		} else {
-			next, err = s.kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return next
-		}
-		if !conflict(err) {
-			s.log.Debug("recording a schedule's firings", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
-			return rev
-		}
-		cur, gerr := s.kv.Get(ctx, key)
-		if gerr != nil {
-			return 0
-		}
-		rev = cur.Revision()
-		var theirs job.ScheduleState
-		if json.Unmarshal(cur.Value(), &theirs) == nil && theirs.Created.Equal(st.Created) && theirs.Last != nil &&
-			(st.Last == nil || theirs.Last.After(*st.Last)) {
-			*st = theirs
-			return rev
-		}
-	}
-	return rev
 }
 
 func specKey(tenant, name string) string  { return "spec." + tenant + "." + name }

@@ -45,15 +45,46 @@ func (d *Dispatcher) Submit(ctx context.Context, tenant string, data []byte) (*j
 	return reply, nil
 }
 
+// submitValid is Submit of a request of tenant already decoded and
+// validated (job.DecodeRequest, Request.Validate), such as a schedule's
+// firing prepared before its time: what is left is its admission and its
+// queue write. req is the caller's no more.
+func (d *Dispatcher) submitValid(ctx context.Context, tenant string, req *job.Request) (*job.SubmitReply, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	reply, err := d.run(ctx, tenant, func(ctx context.Context, start time.Time) (*job.SubmitReply, error) {
+		if !job.ValidTenant(tenant) {
+			return d.accept(ctx, tenant, nil, start)
+		}
+		return d.admit(ctx, tenant, req, start)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("submit: %w", err)
+	}
+	return reply, nil
+}
+
 // process validates one submission of tenant and, if it is acceptable and
 // new, queues its job.
 func (d *Dispatcher) process(ctx context.Context, tenant string, data []byte) (*job.SubmitReply, error) {
+	return d.run(ctx, tenant, func(ctx context.Context, start time.Time) (*job.SubmitReply, error) {
+		return d.accept(ctx, tenant, data, start)
+	})
+}
+
+// run makes a submission of tenant with accept, in its span and its
+// metrics; accept is given the submission's time.
+func (d *Dispatcher) run(ctx context.Context, tenant string,
+	accept func(context.Context, time.Time) (*job.SubmitReply, error)) (*job.SubmitReply, error) {
 	start := time.Now()
 	ctx, span := telemetry.Tracer().Start(ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("fleet.tenant", tenant)))
 	defer span.End()
 
-	reply, err := d.accept(ctx, tenant, data, start)
+	reply, err := accept(ctx, start)
 	switch {
 	case err != nil:
 		span.RecordError(err)
@@ -85,6 +116,13 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 	if err != nil {
 		return d.reject(ctx, tenant, lenientID(data), lenientPool(data), err)
 	}
+	return d.admit(ctx, tenant, req, at)
+}
+
+// admit queues the job of a valid request of tenant, if the admission
+// accepts it and its id is new; at is its submission's time.
+func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request, at time.Time) (*job.SubmitReply, error) {
+	var err error
 	if req.ID == "" {
 		req.ID = job.NewID()
 	}

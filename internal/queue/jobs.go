@@ -161,6 +161,34 @@ func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error
 	return &rec, seq, nil
 }
 
+// LastState returns the state of the last version of a job's record,
+// cheaply: a final version is known by its subject (of kind r) and not
+// decoded (final true, state empty); of another only the state is
+// decoded. ErrNotFound when the job has no record.
+func (j *Jobs) LastState(ctx context.Context, k JobKey) (state job.State, final bool, err error) {
+	var m *nats.Msg
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = directLast(ctx, j.nc, j.names.PoolStreamV2(k.Pool), j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
+		return err
+	}, nil)
+	if err != nil {
+		return "", false, fmt.Errorf("read the state of job %s: %w", k.ID, err)
+	}
+	if m == nil {
+		return "", false, ErrNotFound
+	}
+	if m.Header.Get(jetstream.SubjectHeader) == j.names.PoolJob(k.Pool, KindResult, k.Tenant, k.ID) {
+		return "", true, nil
+	}
+	var v struct {
+		State job.State `json:"state"`
+	}
+	if err := json.Unmarshal(m.Data, &v); err != nil {
+		return "", false, fmt.Errorf("decode the state of job %s: %w", k.ID, err)
+	}
+	return v.State, v.State.Final(), nil
+}
+
 // last reads the last message on any of a job's subjects with one direct
 // get; nil data when the job has none.
 func (j *Jobs) last(ctx context.Context, k JobKey) ([]byte, uint64, error) {
