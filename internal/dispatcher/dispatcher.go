@@ -239,7 +239,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		}
 		d.subs = append(d.subs, sub)
 	}
-	msgs, err := intake.Messages(jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)))
+	msgs, err := intake.Messages(d.intakePull()...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", d.names.IntakeStream(), err)
 	}
@@ -284,6 +284,17 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	close(d.ready)
 	d.log.Info("dispatcher started", "submit", d.names.AllSubmitV2(), "v1", d.cfg.Queue.V1)
 	return nil
+}
+
+// intakePull says how the dispatchers pull stored submissions: a pull
+// request lasts 4 s and the server says every second that it still holds
+// it, so that a pull lost with the consumer's leader (a NATS server gone)
+// is noticed and sent again within two seconds, not after the client's
+// default 30 s expiry; storing a submission costs its producer that wait
+// (TestChaosOnACluster: accepted 12 s after it was sent, before).
+func (d *Dispatcher) intakePull() []jetstream.PullMessagesOpt {
+	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)),
+		jetstream.PullExpiry(4 * time.Second), jetstream.PullHeartbeat(time.Second)}
 }
 
 // Ready reports whether Start has finished and NATS is connected.

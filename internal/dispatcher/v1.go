@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -44,7 +43,7 @@ func (d *Dispatcher) startV1(ctx context.Context, subscribe map[string]nats.MsgH
 	d.subs = append(d.subs, core)
 	subscribe[d.names.SubmitDirect()] = direct
 	subscribe[d.names.AllCancels()] = d.onCancelV1
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)))
+	msgs, err := cons.Messages(d.intakePull()...)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", d.names.SubmitStream(), err)
 	}
