@@ -641,3 +641,28 @@ func TestChartServerDryRun(t *testing.T) {
 		})
 	}
 }
+
+// TestChartSecretNamesStayNames: names of existing Secrets that YAML would
+// read as something else (n, on, 0123) reach the pods as those names.
+func TestChartSecretNamesStayNames(t *testing.T) {
+	objs := render(t, "fleet",
+		"--set-string", "nats.tls.existingSecret=n",
+		"--set-string", "dispatcher.api.tls.existingSecret=on",
+		"--set-string", "dispatcher.api.tokens.existingSecret=0123",
+		"--set", "dockerWorker.enabled=true")
+	want := map[string]bool{"n": false, "on": false, "0123": false}
+	for _, w := range workloads(t, objs) {
+		for _, v := range w.pod.Spec.Volumes {
+			if v.Secret != nil {
+				if _, ok := want[v.Secret.SecretName]; ok {
+					want[v.Secret.SecretName] = true
+				}
+			}
+		}
+	}
+	for name, found := range want {
+		if !found {
+			t.Errorf("no pod mounts Secret %q", name)
+		}
+	}
+}

@@ -109,7 +109,7 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
 - name: FLEET_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ $r.existingSecret }}
+      name: {{ $r.existingSecret | quote }}
       key: {{ $r.urlKey }}
 {{- else }}
 - name: FLEET_REDIS_URL
@@ -211,25 +211,25 @@ Call with (dict "ctx" $ "auth" .Values.<component>.natsAuth "logLevel" ... "logF
 {{- if .ctx.Values.nats.tls.existingSecret }}
 - name: nats-tls
   secret:
-    secretName: {{ .ctx.Values.nats.tls.existingSecret }}
+    secretName: {{ .ctx.Values.nats.tls.existingSecret | quote }}
     defaultMode: 0440
 {{- end }}
 {{- with (.auth | default dict).existingSecret }}
 - name: nats-auth
   secret:
-    secretName: {{ . }}
+    secretName: {{ . | quote }}
     defaultMode: 0440
 {{- end }}
 {{- with .ctx.Values.redis.tls.existingSecret }}
 - name: redis-tls
   secret:
-    secretName: {{ . }}
+    secretName: {{ . | quote }}
     defaultMode: 0440
 {{- end }}
 {{- with .ctx.Values.redis.auth.existingSecret }}
 - name: redis-auth
   secret:
-    secretName: {{ . }}
+    secretName: {{ . | quote }}
     defaultMode: 0440
 {{- end }}
 {{- end }}
