@@ -170,8 +170,12 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 	f := fleettest.Start(t)
 	w := capacityWorker(t, f, caps, "steady", 4, nil, nil)
 	var ids []string
+	// 24 jobs of a second on 4 slots: six seconds of work, so that jobs
+	// still run when Redis is back and its leases are compared with them
+	// (with jobs of 0.3 s, all had ended before the breaker's probe found
+	// Redis again on a loaded machine, and nothing was left to compare).
 	for i := 0; i < 24; i++ {
-		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("through-%d", i), Command: []string{"sleep", "0.3"}}))
+		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("through-%d", i), Command: []string{"sleep", "1"}}))
 	}
 	time.Sleep(400 * time.Millisecond)
 	rs.Stop()
