@@ -48,7 +48,7 @@ bench-console: build
 
 ## screenshots: the pictures of docs/console.md (docs/console-*.png), from a fleet in the test, through headless Chromium
 screenshots:
-	FLEET_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleScreenshots$$' ./internal/console/
+	FLEET_SCREENSHOTS=$(CURDIR)/docs $(GO) test -tags screenshots -count=1 -run '^TestConsoleScreenshots$$' ./internal/console/
 
 ## fuzz: every fuzz target for FUZZTIME each (make test runs their seed corpora)
 FUZZTIME ?= 60s
