@@ -61,6 +61,9 @@ func (e *Event) Validate() error {
 	if e.Attempt < 0 {
 		v.add("attempt", "must not be negative")
 	}
+	if e.Priority != 0 && (e.Priority < HighestPriority || e.Priority > LowestPriority) {
+		v.add("priority", "%d must be from %d (highest) to %d (lowest)", e.Priority, HighestPriority, LowestPriority)
+	}
 	switch e.Type {
 	case EventQueued, EventRejected, EventStarted, EventHeartbeat, EventLog, EventRetryScheduled,
 		EventSucceeded, EventFailed, EventTimedOut, EventCancelled, EventDeadLettered:

@@ -38,7 +38,9 @@ func (t EventType) Final() bool {
 type Event struct {
 	JobID string `json:"job_id"`
 	// Tenant owns the job (v2).
-	Tenant   string    `json:"tenant,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
+	// Priority is the job's, in its queued event (v2).
+	Priority int       `json:"priority,omitempty"`
 	Attempt  int       `json:"attempt"`
 	Type     EventType `json:"type"`
 	Time     time.Time `json:"time"`

@@ -19,12 +19,22 @@ type PoolState struct {
 	// Since is when the pool was paused.
 	Since     *time.Time `json:"since,omitempty"`
 	UpdatedAt time.Time  `json:"updated_at"`
+	// Policy is how the pool is shared between tenants; nil shares it
+	// equally.
+	Policy *PoolPolicy `json:"policy,omitempty"`
+	// Tenants is how each tenant with work fares, in the answer to a show
+	// (never stored).
+	Tenants []TenantShare `json:"tenants,omitempty"`
+	// Slots are the slots of the pool's live workers, in the answer to a
+	// show, when the fleet has Redis.
+	Slots int `json:"slots,omitempty"`
 }
 
 // PoolChange asks to pause or resume a pool, on the subject
 // <prefix>.pools.<pool>.pause or .resume; the answer is the PoolState, or
 // an ErrorReply. A request on <prefix>.pools.<pool>.show answers the
-// state and changes nothing.
+// state and how its tenants fare, and changes nothing; one on .set
+// carries a PolicyChange.
 type PoolChange struct {
 	Reason string `json:"reason,omitempty"`
 }

@@ -149,5 +149,8 @@ func EventOf(r *Record) *Event {
 	case r.State == StateQueued:
 		e.NextAttemptAt = r.NextAttemptAt
 	}
+	if r.Event == EventQueued {
+		e.Priority = r.Priority
+	}
 	return e
 }

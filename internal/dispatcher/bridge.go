@@ -226,7 +226,7 @@ func (b *bridge) apply(ctx context.Context, m jetstream.Msg) error {
 		b.release(rec.ID, false, true)
 	}
 	for i, e := range job.EventsOf(&rec) {
-		e.Tenant = ""
+		e.Tenant, e.Priority = "", 0 // v1 events name neither
 		ev, err := d.names.EventMsg(e, 0)
 		if err != nil {
 			return err
