@@ -27,7 +27,8 @@ func openProbing(t *testing.T, url string) *Store {
 }
 
 func beat(ctx context.Context, s *Store, id string) error {
-	return s.Beat(ctx, Beat{Heartbeat: heartbeat(id, "p"), TTL: time.Minute, LeaseTTL: time.Minute, Totals: Totals{Slots: 2}})
+	_, err := s.Beat(ctx, Beat{Heartbeat: heartbeat(id, "p"), TTL: time.Minute, LeaseTTL: time.Minute, Totals: Totals{Slots: 2}})
+	return err
 }
 
 func waitUp(t *testing.T, s *Store, within time.Duration) time.Duration {
@@ -90,7 +91,7 @@ func TestBreakerFailsAtOnceWhileRedisIsAway(t *testing.T) {
 
 	srv.Stop()
 	start := time.Now()
-	_, err := s.Holds(ctx, "w1", "", "j", 1)
+	_, err := s.Holds(ctx, "p", "w1", "", "j", 1)
 	first := time.Since(start)
 	if err == nil || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("the first call after Redis died: %v; want the error that found it away", err)
@@ -109,7 +110,7 @@ func TestBreakerFailsAtOnceWhileRedisIsAway(t *testing.T) {
 		if err := beat(ctx, s, "w1"); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("call %d while the breaker is open: %v, want ErrUnavailable", i, err)
 		}
-		if _, err := s.ApplyLeases(ctx, "w1", time.Minute, []LeaseOp{{Lease: Lease{JobID: "j", Attempt: 1}}}); !errors.Is(err, ErrUnavailable) {
+		if _, err := s.ApplyLeases(ctx, "p", "w1", time.Minute, []LeaseOp{{Lease: Lease{JobID: "j", Attempt: 1}}}); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("lease batch %d while the breaker is open: %v, want ErrUnavailable", i, err)
 		}
 	}
@@ -143,16 +144,16 @@ func TestBreakerStaysClosedOnRedisAnswers(t *testing.T) {
 	srv := redistest.Start(t)
 	s := openProbing(t, srv.URL())
 	ctx := context.Background()
-	if hb, err := s.LastHeartbeat(ctx, "nobody"); err != nil || hb != nil {
+	if hb, err := s.LastHeartbeat(ctx, "p", "nobody"); err != nil || hb != nil {
 		t.Fatalf("a missing key: %v %v", hb, err)
 	}
 	if err := s.rdb.Eval(ctx, "return redis.error_reply('ERR nope')", nil).Err(); err == nil {
 		t.Fatal("a script's error was not returned")
 	}
-	if err := s.rdb.Set(ctx, s.slotsKey("x"), "not a hash", 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.slotsKey("p", "x"), "not a hash", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Leases(ctx, "x"); err == nil {
+	if _, err := s.Leases(ctx, "p", "x"); err == nil {
 		t.Fatal("WRONGTYPE was not returned")
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -227,7 +228,7 @@ func TestBreakerOnAClusterShardWithoutReplica(t *testing.T) {
 	if err := beat(ctx, s, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := cc.MasterForKey(ctx, s.slotsKey("w1"))
+	m, err := cc.MasterForKey(ctx, s.slotsKey("p", "w1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/embedded"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // stores runs a test against a real redis-server, a real Redis Cluster of
@@ -45,7 +46,7 @@ func open(t *testing.T, url string) *Store {
 
 func ptr(v int64) *int64 { return &v }
 
-const hammerWorker = "hammered"
+const hammerWorker, hammerPool = "hammered", "hp"
 
 var hammerTotals = Totals{Slots: 5, CPUMilli: ptr(3000), MemoryBytes: ptr(1 << 30), GPUs: 1}
 
@@ -54,7 +55,7 @@ var hammerTotals = Totals{Slots: 5, CPUMilli: ptr(3000), MemoryBytes: ptr(1 << 3
 func hammer(ctx context.Context, s *Store, name string, rounds int, held *atomic.Int64, refused *atomic.Int64) error {
 	for i := 0; i < rounds && ctx.Err() == nil; i++ {
 		l := Lease{JobID: fmt.Sprintf("%s-%d", name, i), Attempt: 1, CPUMilli: 1000, MemoryBytes: 256 << 20, GPUs: rand.IntN(2)}
-		out, err := s.ApplyLeases(ctx, hammerWorker, time.Minute, []LeaseOp{{Lease: l}})
+		out, err := s.ApplyLeases(ctx, hammerPool, hammerWorker, time.Minute, []LeaseOp{{Lease: l}})
 		if err != nil {
 			return err
 		}
@@ -65,7 +66,7 @@ func hammer(ctx context.Context, s *Store, name string, rounds int, held *atomic
 		held.Add(1)
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
 		held.Add(-1)
-		if _, err := s.ApplyLeases(ctx, hammerWorker, time.Minute, []LeaseOp{{Release: true, Lease: l}}); err != nil {
+		if _, err := s.ApplyLeases(ctx, hammerPool, hammerWorker, time.Minute, []LeaseOp{{Release: true, Lease: l}}); err != nil {
 			return err
 		}
 	}
@@ -90,8 +91,7 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 		s := open(t, url)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := syncScript.Run(ctx, s.rdb, []string{s.slotsKey(hammerWorker)},
-			syncArgs(time.Minute, hammerTotals, nil)...).Err(); err != nil {
+		if err := setTotals(ctx, s, hammerPool, hammerWorker, hammerTotals); err != nil {
 			t.Fatal(err)
 		}
 
@@ -118,7 +118,7 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 					return
 				default:
 				}
-				u, err := s.Usage(ctx, hammerWorker)
+				u, err := s.Usage(ctx, hammerPool, hammerWorker)
 				if err != nil {
 					t.Error(err)
 					return
@@ -156,11 +156,11 @@ func TestConcurrentReservationsNeverExceedTheWorker(t *testing.T) {
 		if refused.Load() == 0 {
 			t.Error("no reservation was ever refused: the limits were not exercised")
 		}
-		u, err := s.Usage(ctx, hammerWorker)
+		u, err := s.Usage(ctx, hammerPool, hammerWorker)
 		if err != nil {
 			t.Fatal(err)
 		}
-		leases, _ := s.Leases(ctx, hammerWorker)
+		leases, _ := s.Leases(ctx, hammerPool, hammerWorker)
 		if u.SlotsUsed != 0 || u.CPUUsed != 0 || u.MemUsed != 0 || u.GPUsUsed != 0 || len(leases) != 0 {
 			t.Errorf("after every release: %+v, leases %v", u, leases)
 		}
@@ -175,15 +175,14 @@ func TestLeaseScriptAnswers(t *testing.T) {
 			return Lease{JobID: id, Attempt: 1, CPUMilli: cpu, MemoryBytes: mem, GPUs: gpu}
 		}
 		// No totals yet: the worker has not written a heartbeat.
-		out, err := s.ApplyLeases(ctx, "w", time.Minute, []LeaseOp{{Lease: l("a", 1, 1, 0)}})
+		out, err := s.ApplyLeases(ctx, "p", "w", time.Minute, []LeaseOp{{Lease: l("a", 1, 1, 0)}})
 		if err != nil || out[0] != "unknown" {
 			t.Fatalf("before totals: %v %v", out, err)
 		}
-		if err := syncScript.Run(ctx, s.rdb, []string{s.slotsKey("w")},
-			syncArgs(time.Minute, Totals{Slots: 3, CPUMilli: ptr(2000), GPUs: 1}, nil)...).Err(); err != nil {
+		if err := setTotals(ctx, s, "p", "w", Totals{Slots: 3, CPUMilli: ptr(2000), GPUs: 1}); err != nil {
 			t.Fatal(err)
 		}
-		out, err = s.ApplyLeases(ctx, "w", time.Minute, []LeaseOp{
+		out, err = s.ApplyLeases(ctx, "p", "w", time.Minute, []LeaseOp{
 			{Lease: l("a", 1500, 1<<40, 0)}, // memory unknown: not limited
 			{Lease: l("a", 1500, 1, 0)},     // the same lease again
 			{Lease: l("b", 600, 1, 0)},      // 2100m > 2000m
@@ -198,16 +197,24 @@ func TestLeaseScriptAnswers(t *testing.T) {
 		if err != nil || fmt.Sprint(out) != fmt.Sprint(want) {
 			t.Fatalf("got %v (%v), want %v", out, err, want)
 		}
-		u, _ := s.Usage(ctx, "w")
+		u, _ := s.Usage(ctx, "p", "w")
 		if u.SlotsUsed != 3 || u.CPUUsed != 800 || u.GPUsUsed != 1 {
 			t.Errorf("usage %+v", u)
 		}
 		// The hash expires with the worker's heartbeat.
-		ttl, err := s.rdb.PTTL(ctx, s.slotsKey("w")).Result()
+		ttl, err := s.rdb.PTTL(ctx, s.slotsKey("p", "w")).Result()
 		if err != nil || ttl <= 0 || ttl > time.Minute {
 			t.Errorf("TTL of the leases: %v %v", ttl, err)
 		}
 	})
+}
+
+// setTotals writes a worker's totals, with no lease, as its heartbeat's
+// script does.
+func setTotals(ctx context.Context, s *Store, pool, worker string, t Totals) error {
+	keys := []string{s.slotsKey(pool, worker), s.tenantsKey(pool, worker), s.poolKey(pool), s.usageKey(pool)}
+	b := Beat{Heartbeat: &job.Heartbeat{WorkerID: worker, Pool: pool}, LeaseTTL: time.Minute, Totals: t}
+	return syncScript.Run(ctx, s.rdb, keys, syncArgs(b)...).Err()
 }
 
 func freeAddr(t *testing.T) string {

@@ -14,8 +14,9 @@ import (
 )
 
 // Every call of the Store works on a Redis Cluster, where a command or a
-// script over keys of two slots fails with CROSSSLOT: the workers' keys
-// are spread over the three masters, and one worker's keys share a slot.
+// script over keys of two slots fails with CROSSSLOT: the pools' keys are
+// spread over the three masters, and one pool's keys (its workers')
+// share a slot.
 func TestEveryCallWorksOnACluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	s := open(t, cl.URL())
@@ -23,12 +24,13 @@ func TestEveryCallWorksOnACluster(t *testing.T) {
 	defer cancel()
 	cc := s.rdb.(*redis.ClusterClient)
 
-	const n = 12
+	const n, pools = 12, 6
 	masters := map[string]bool{}
 	for i := 0; i < n; i++ {
-		id := fmt.Sprintf("w%d", i)
+		id, pool := fmt.Sprintf("w%d", i), fmt.Sprintf("p%d", i%pools)
 		slots := map[int64]bool{}
-		for _, k := range []string{s.hbKey(id), s.lastKey(id), s.slotsKey(id)} {
+		for _, k := range []string{s.hbKey(pool, id), s.lastKey(pool, id), s.slotsKey(pool, id), s.tenantsKey(pool, id),
+			s.poolKey(pool), s.usageKey(pool), s.slotsKey(pool, "other")} {
 			slot, err := cc.ClusterKeySlot(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -36,79 +38,79 @@ func TestEveryCallWorksOnACluster(t *testing.T) {
 			slots[slot] = true
 		}
 		if len(slots) != 1 {
-			t.Fatalf("the keys of %s lie in %d slots", id, len(slots))
+			t.Fatalf("the keys of %s and its pool lie in %d slots", id, len(slots))
 		}
-		m, err := cc.MasterForKey(ctx, s.hbKey(id))
+		m, err := cc.MasterForKey(ctx, s.hbKey(pool, id))
 		if err != nil {
 			t.Fatal(err)
 		}
 		masters[m.String()] = true
 
-		hb := heartbeat(id, fmt.Sprintf("p%d", i%2))
+		hb := heartbeat(id, pool)
 		lease := Lease{JobID: "j-" + id, Attempt: 1, CPUMilli: 100, MemoryBytes: 1 << 20}
-		if err := s.Beat(ctx, Beat{Heartbeat: hb, TTL: time.Minute, LeaseTTL: time.Minute,
+		if _, err := s.Beat(ctx, Beat{Heartbeat: hb, TTL: time.Minute, LeaseTTL: time.Minute,
 			Totals: Totals{Slots: 2, CPUMilli: ptr(1000)}, Leases: []Lease{lease}}); err != nil {
 			t.Fatalf("beat of %s: %v", id, err)
 		}
-		out, err := s.ApplyLeases(ctx, id, time.Minute, []LeaseOp{{Lease: Lease{JobID: "k-" + id, Attempt: 1, CPUMilli: 100}}})
+		out, err := s.ApplyLeases(ctx, pool, id, time.Minute, []LeaseOp{{Lease: Lease{JobID: "k-" + id, Attempt: 1, CPUMilli: 100}}})
 		if err != nil || len(out) != 1 || out[0] != LeaseOK {
 			t.Fatalf("lease on %s: %v %v", id, out, err)
 		}
 	}
 	if len(masters) < 2 {
-		t.Fatalf("%d workers' keys all lie on one master: the test would not catch a cross-slot command", n)
+		t.Fatalf("%d pools' keys all lie on one master: the test would not catch a cross-slot command", pools)
 	}
 
 	hbs, err := s.Workers(ctx, "")
 	if err != nil || len(hbs) != n {
 		t.Fatalf("Workers: %d heartbeats, %v; want %d", len(hbs), err, n)
 	}
-	if hbs, err := s.Workers(ctx, "p1"); err != nil || len(hbs) != n/2 {
+	if hbs, err := s.Workers(ctx, "p1"); err != nil || len(hbs) != n/pools {
 		t.Fatalf("Workers(p1): %d heartbeats, %v", len(hbs), err)
 	}
-	if u, err := s.Usage(ctx, "w3"); err != nil || u.Slots != 2 || u.SlotsUsed != 2 || u.CPUUsed != 200 {
+	if u, err := s.Usage(ctx, "p3", "w3"); err != nil || u.Slots != 2 || u.SlotsUsed != 2 || u.CPUUsed != 200 {
 		t.Errorf("usage of w3: %+v %v", u, err)
 	}
-	if l, err := s.Leases(ctx, "w3"); err != nil || len(l) != 2 {
+	if l, err := s.Leases(ctx, "p3", "w3"); err != nil || len(l) != 2 {
 		t.Errorf("leases of w3: %v %v", l, err)
 	}
 
 	// What the reaper does, on a worker whose heartbeat is gone.
-	if err := cc.Del(ctx, s.hbKey("w5")).Err(); err != nil {
+	if err := cc.Del(ctx, s.hbKey("p5", "w5")).Err(); err != nil {
 		t.Fatal(err)
 	}
-	stale, err := s.Stale(ctx, "p1", time.Now().Add(time.Second))
+	stale, err := s.Stale(ctx, "p5", time.Now().Add(time.Second))
 	if err != nil || !strings.Contains(fmt.Sprint(stale), "w5") {
 		t.Fatalf("stale: %v %v", stale, err)
 	}
-	if alive, err := s.Alive(ctx, "w5"); err != nil || alive {
+	if alive, err := s.Alive(ctx, "p5", "w5"); err != nil || alive {
 		t.Fatalf("w5 alive: %v %v", alive, err)
 	}
-	if hb, err := s.LastHeartbeat(ctx, "w5"); err != nil || hb == nil || hb.WorkerID != "w5" {
+	if hb, err := s.LastHeartbeat(ctx, "p5", "w5"); err != nil || hb == nil || hb.WorkerID != "w5" {
 		t.Fatalf("last heartbeat of w5: %+v %v", hb, err)
 	}
-	if mine, err := s.Unindex(ctx, "p1", "w5"); err != nil || !mine {
+	if mine, err := s.Unindex(ctx, "p5", "w5"); err != nil || !mine {
 		t.Fatalf("unindex: %v %v", mine, err)
 	}
-	if mine, _ := s.Unindex(ctx, "p1", "w5"); mine {
+	if mine, _ := s.Unindex(ctx, "p5", "w5"); mine {
 		t.Error("unindexed twice")
 	}
-	if err := s.Forget(ctx, "w5"); err != nil {
+	if err := s.Forget(ctx, "p5", "w5"); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := cc.Exists(ctx, s.lastKey("w5")).Result(); n != 0 {
+	if n, _ := cc.Exists(ctx, s.lastKey("p5", "w5")).Result(); n != 0 {
 		t.Error("forgotten, but its last heartbeat is left")
 	}
-	if n, _ := cc.Exists(ctx, s.slotsKey("w5")).Result(); n != 0 {
+	if n, _ := cc.Exists(ctx, s.slotsKey("p5", "w5")).Result(); n != 0 {
 		t.Error("forgotten, but its leases are left")
 	}
 
 	// A clean stop.
-	if err := s.Remove(ctx, "w4", "p0"); err != nil {
+	if err := s.Remove(ctx, "w4", "p4"); err != nil {
 		t.Fatal(err)
 	}
-	if hbs, err := s.Workers(ctx, "p0"); err != nil || len(hbs) != n/2-1 {
-		t.Fatalf("after Remove: %d heartbeats in p0, %v", len(hbs), err)
+	if hbs, err := s.Workers(ctx, "p4"); err != nil || len(hbs) != n/pools-1 {
+		t.Fatalf("after Remove: %d heartbeats in p4, %v", len(hbs), err)
 	}
 }
 
@@ -138,14 +140,14 @@ func TestScriptsRunOnAServerThatForgotThem(t *testing.T) {
 			Leases: []Lease{{JobID: "a", Attempt: 1}}}
 		for i := 0; i < 2; i++ { // the first run may meet an empty cache too
 			flush()
-			if err := s.Beat(ctx, beat); err != nil {
+			if _, err := s.Beat(ctx, beat); err != nil {
 				t.Fatalf("heartbeat after SCRIPT FLUSH: %v", err)
 			}
-			if u, err := s.Usage(ctx, "w"); err != nil || u.Slots != 2 || u.SlotsUsed != 1 {
+			if u, err := s.Usage(ctx, "p", "w"); err != nil || u.Slots != 2 || u.SlotsUsed != 1 {
 				t.Fatalf("after the heartbeat: %+v %v", u, err)
 			}
 			flush()
-			out, err := s.ApplyLeases(ctx, "w", time.Minute, []LeaseOp{{Lease: Lease{JobID: "b", Attempt: i}}})
+			out, err := s.ApplyLeases(ctx, "p", "w", time.Minute, []LeaseOp{{Lease: Lease{JobID: "b", Attempt: i}}})
 			if err != nil || len(out) != 1 || out[0] != LeaseOK {
 				t.Fatalf("leases after SCRIPT FLUSH: %v %v", out, err)
 			}

@@ -20,9 +20,9 @@ func (s *Store) Stale(ctx context.Context, pool string, before time.Time) ([]str
 	return ids, nil
 }
 
-// Alive reports whether a worker's heartbeat has not expired.
-func (s *Store) Alive(ctx context.Context, worker string) (bool, error) {
-	n, err := s.rdb.Exists(ctx, s.hbKey(worker)).Result()
+// Alive reports whether the heartbeat of a worker of pool has not expired.
+func (s *Store) Alive(ctx context.Context, pool, worker string) (bool, error) {
+	n, err := s.rdb.Exists(ctx, s.hbKey(pool, worker)).Result()
 	if err != nil {
 		return false, fmt.Errorf("heartbeat of %s: %w", worker, err)
 	}
@@ -39,10 +39,11 @@ func (s *Store) Unindex(ctx context.Context, pool, worker string) (bool, error) 
 	return n == 1, nil
 }
 
-// Forget removes what a dead worker left: its last heartbeat and its
-// leases (one DEL: they share a slot).
-func (s *Store) Forget(ctx context.Context, worker string) error {
-	if err := s.rdb.Del(ctx, s.lastKey(worker), s.slotsKey(worker)).Err(); err != nil {
+// Forget removes what a dead worker of pool left: its last heartbeat, its
+// leases and its tenants' counts (one DEL: they share a slot), so that its
+// tenants' quotas count them no more.
+func (s *Store) Forget(ctx context.Context, pool, worker string) error {
+	if err := s.rdb.Del(ctx, s.lastKey(pool, worker), s.slotsKey(pool, worker), s.tenantsKey(pool, worker)).Err(); err != nil {
 		return fmt.Errorf("forget %s: %w", worker, err)
 	}
 	return nil

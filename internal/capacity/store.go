@@ -11,16 +11,21 @@
 //
 // Keys, for the prefix "fleet":
 //
-//	fleet:{w:<worker>}:hb     the worker's last heartbeat (JSON), expiring after 3 intervals
-//	fleet:{w:<worker>}:last   the same, without expiry, for the reaper to read after the worker died
-//	fleet:{w:<worker>}:slots  hash of the worker's totals, counters and leases (see scripts.go)
-//	fleet:pool:<pool>         sorted set of the pool's workers by last heartbeat (ms)
-//	fleet:pools               set of pools that have had workers
+//	fleet:{p:<pool>}:w:<worker>:hb       the worker's last heartbeat (JSON), expiring after 3 intervals
+//	fleet:{p:<pool>}:w:<worker>:last     the same, without expiry, for the reaper to read after the worker died
+//	fleet:{p:<pool>}:w:<worker>:slots    hash of the worker's totals, counters and leases (see scripts.go)
+//	fleet:{p:<pool>}:w:<worker>:tenants  hash of what the worker's leases hold, by tenant
+//	fleet:{p:<pool>}:workers             sorted set of the pool's workers by last heartbeat (ms)
+//	fleet:{p:<pool>}:usage               hash of the tenants' running slots integrated over time, decayed
+//	fleet:pools                          set of pools that have had workers
 //
-// The braces are a Redis Cluster hash tag: one worker's three keys hash to
-// one slot, so that a command on several of them works on a Cluster. No
-// command and no script touches the keys of two workers, or a worker's and
-// a pool's, at once; what reads many workers pipelines one command per key.
+// The braces are a Redis Cluster hash tag: every key of a pool, its
+// workers' included, hashes to one slot, so that one script can hold a
+// worker's lease and check it against what the tenant runs on every worker
+// of the pool (its quota), atomically, on a Cluster too. No command and no
+// script touches the keys of two pools at once; what reads many pools
+// pipelines one command per key. A pool's traffic is one slot's: pools
+// spread over a Cluster's masters, a pool does not.
 package capacity
 
 import (
@@ -71,13 +76,18 @@ func (s *Store) Up() bool { return s.breaker.Up() }
 // Ping checks that Redis answers.
 func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
-// workerKey is the start of a worker's keys, their hash tag included.
-func (s *Store) workerKey(worker string) string { return s.prefix + ":{w:" + worker + "}" }
-func (s *Store) hbKey(worker string) string     { return s.workerKey(worker) + ":hb" }
-func (s *Store) lastKey(worker string) string   { return s.workerKey(worker) + ":last" }
-func (s *Store) slotsKey(worker string) string  { return s.workerKey(worker) + ":slots" }
-func (s *Store) poolKey(pool string) string     { return s.prefix + ":pool:" + pool }
-func (s *Store) poolsKey() string               { return s.prefix + ":pools" }
+// poolTag is the start of a pool's keys, their hash tag included.
+func (s *Store) poolTag(pool string) string { return s.prefix + ":{p:" + pool + "}" }
+
+// workerKey is the start of a worker's keys.
+func (s *Store) workerKey(pool, worker string) string  { return s.poolTag(pool) + ":w:" + worker }
+func (s *Store) hbKey(pool, worker string) string      { return s.workerKey(pool, worker) + ":hb" }
+func (s *Store) lastKey(pool, worker string) string    { return s.workerKey(pool, worker) + ":last" }
+func (s *Store) slotsKey(pool, worker string) string   { return s.workerKey(pool, worker) + ":slots" }
+func (s *Store) tenantsKey(pool, worker string) string { return s.workerKey(pool, worker) + ":tenants" }
+func (s *Store) poolKey(pool string) string            { return s.poolTag(pool) + ":workers" }
+func (s *Store) usageKey(pool string) string           { return s.poolTag(pool) + ":usage" }
+func (s *Store) poolsKey() string                      { return s.prefix + ":pools" }
 
 // Pools lists the pools that have had workers.
 func (s *Store) Pools(ctx context.Context) ([]string, error) {
@@ -100,23 +110,26 @@ func (s *Store) Workers(ctx context.Context, pool string) ([]*job.Heartbeat, err
 			return nil, err
 		}
 	}
-	var ids []string
+	type member struct{ pool, id string }
+	var ids []member
 	for _, p := range pools {
 		members, err := s.rdb.ZRange(ctx, s.poolKey(p), 0, -1).Result()
 		if err != nil {
 			return nil, fmt.Errorf("list workers of %s: %w", p, err)
 		}
-		ids = append(ids, members...)
+		for _, id := range members {
+			ids = append(ids, member{p, id})
+		}
 	}
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	// One GET per worker, pipelined: the workers' keys lie in different
+	// One GET per worker, pipelined: the pools' keys lie in different
 	// slots of a Cluster, where an MGET of them would fail.
 	gets := make([]*redis.StringCmd, len(ids))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			gets[i] = p.Get(ctx, s.hbKey(id))
+		for i, m := range ids {
+			gets[i] = p.Get(ctx, s.hbKey(m.pool, m.id))
 		}
 		return nil
 	})
@@ -147,9 +160,9 @@ func (s *Store) Workers(ctx context.Context, pool string) ([]*job.Heartbeat, err
 	return out, nil
 }
 
-// Leases reads a worker's leases as Redis holds them.
-func (s *Store) Leases(ctx context.Context, worker string) ([]Lease, error) {
-	m, err := s.rdb.HGetAll(ctx, s.slotsKey(worker)).Result()
+// Leases reads the leases of a worker of pool as Redis holds them.
+func (s *Store) Leases(ctx context.Context, pool, worker string) ([]Lease, error) {
+	m, err := s.rdb.HGetAll(ctx, s.slotsKey(pool, worker)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read leases of %s: %w", worker, err)
 	}
@@ -190,9 +203,9 @@ type Usage struct {
 	GPUsUsed         int
 }
 
-// Usage reads a worker's totals and counters.
-func (s *Store) Usage(ctx context.Context, worker string) (Usage, error) {
-	vals, err := s.rdb.HMGet(ctx, s.slotsKey(worker), "slots", "used", "cpu_used", "mem_used", "gpu_used").Result()
+// Usage reads the totals and counters of a worker of pool.
+func (s *Store) Usage(ctx context.Context, pool, worker string) (Usage, error) {
+	vals, err := s.rdb.HMGet(ctx, s.slotsKey(pool, worker), "slots", "used", "cpu_used", "mem_used", "gpu_used").Result()
 	if err != nil {
 		return Usage{}, fmt.Errorf("read usage of %s: %w", worker, err)
 	}
@@ -209,8 +222,8 @@ func (s *Store) Usage(ctx context.Context, worker string) (Usage, error) {
 // LastHeartbeat reads what a worker last reported, which outlives its
 // heartbeat: the reaper reads it after the worker died. Nil when there is
 // none.
-func (s *Store) LastHeartbeat(ctx context.Context, worker string) (*job.Heartbeat, error) {
-	data, err := s.rdb.Get(ctx, s.lastKey(worker)).Bytes()
+func (s *Store) LastHeartbeat(ctx context.Context, pool, worker string) (*job.Heartbeat, error) {
+	data, err := s.rdb.Get(ctx, s.lastKey(pool, worker)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}

@@ -68,6 +68,9 @@ type Ledger struct {
 
 	mu      sync.Mutex
 	leases  map[key]capacity.Lease
+	// accrued is, per lease, until when its run time was counted in its
+	// tenant's usage.
+	accrued map[key]time.Time
 	cpuUsed int64
 	memUsed int64
 	gpuUsed int
@@ -96,6 +99,9 @@ type Ledger struct {
 	peersMu sync.Mutex
 	peers   map[string]bool
 	peersAt time.Time
+
+	// share is what the ledger knows of the pool's tenants (see share.go).
+	share share
 }
 
 // key names a lease in the ledger: one per attempt.
@@ -116,6 +122,7 @@ var (
 	_ capacity.Capacity = (*Ledger)(nil)
 	_ capacity.Holder   = (*Ledger)(nil)
 	_ capacity.Room     = (*Ledger)(nil)
+	_ capacity.Sharer   = (*Ledger)(nil)
 )
 
 // New returns a Ledger; Start starts its heartbeat.
@@ -136,7 +143,7 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
 	return &Ledger{
 		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls, wait: capacity.WaitHistogram(),
-		leases: map[key]capacity.Lease{},
+		leases: map[key]capacity.Lease{}, accrued: map[key]time.Time{},
 		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
 		wake:   make(chan struct{}, 1),
 	}
@@ -205,7 +212,12 @@ func (r *Ledger) Stop(ctx context.Context) error {
 // the heartbeat after Redis returns writes the lease.
 func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
-	if why := r.fitsLocked(l); why != "" {
+	why := r.fitsLocked(l)
+	quota, maxRunning := r.share.limitsOf(l.TenantOf())
+	if why == "" {
+		why = r.quotaLocked(l, quota)
+	}
+	if why != "" {
 		r.mu.Unlock()
 		return fmt.Errorf("%w: %s", capacity.ErrNoCapacity, why)
 	}
@@ -216,7 +228,7 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 		return nil
 	}
 	reply := make(chan error, 1)
-	r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Lease: l}, reply: reply})
+	r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Lease: l, Quota: quota, MaxRunning: maxRunning}, reply: reply})
 	r.mu.Unlock()
 	start := time.Now()
 	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opReserve) }()
@@ -237,7 +249,7 @@ func (r *Ledger) Holds(ctx context.Context, workerID, tenant, jobID string, atte
 	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opHolds) }()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return r.s.Holds(ctx, workerID, tenant, jobID, attempt)
+	return r.s.Holds(ctx, r.cfg.Pool, workerID, tenant, jobID, attempt)
 }
 
 // PeerHasImage implements capacity.Peers: whether another live, healthy
@@ -274,12 +286,14 @@ func (r *Ledger) PeerHasImage(ctx context.Context, image string) bool {
 func (r *Ledger) Release(ctx context.Context, l capacity.Lease) error {
 	r.mu.Lock()
 	held, ok := r.leases[keyOf(l)]
+	var accrued time.Duration
 	if ok {
+		accrued = r.accrue(held, time.Now())
 		r.removeLocked(held)
 	}
 	send := ok && r.s.Up()
 	if send {
-		r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Release: true, Lease: held}})
+		r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Release: true, Lease: held, Accrued: accrued}})
 	}
 	r.mu.Unlock()
 	if send {
@@ -321,8 +335,48 @@ func (r *Ledger) fitsLocked(l capacity.Lease) string {
 	return ""
 }
 
+// quotaLocked says why the worker's own leases of the lease's tenant
+// leave no room for it in the tenant's quota, or "": the first check, and
+// the only one while Redis is away.
+func (r *Ledger) quotaLocked(l capacity.Lease, q *job.QuotaLimits) string {
+	if q == nil || q.Unbounded() {
+		return ""
+	}
+	var h capacity.Holding
+	t := l.TenantOf()
+	for _, o := range r.leases {
+		if o.TenantOf() == t {
+			h = h.Add(capacity.Holding{Slots: 1, CPUMilli: o.CPUMilli, MemoryBytes: o.MemoryBytes, GPUs: int64(o.GPUs)})
+		}
+	}
+	switch {
+	case q.Slots >= 0 && h.Slots+1 > q.Slots:
+		return fmt.Sprintf("tenant %s runs its quota of %d slots on this worker", t, q.Slots)
+	case q.CPUMilli >= 0 && h.CPUMilli+l.CPUMilli > q.CPUMilli:
+		return fmt.Sprintf("tenant %s runs its quota of %s CPU on this worker", t, job.FormatCPU(q.CPUMilli))
+	case q.MemoryBytes >= 0 && h.MemoryBytes+l.MemoryBytes > q.MemoryBytes:
+		return fmt.Sprintf("tenant %s runs its quota of %s memory on this worker", t, job.FormatMemory(q.MemoryBytes))
+	case q.GPUs >= 0 && h.GPUs+int64(l.GPUs) > q.GPUs:
+		return fmt.Sprintf("tenant %s runs its quota of %d GPUs on this worker", t, q.GPUs)
+	}
+	return ""
+}
+
+// accrue returns how long a lease was held since it was last counted in
+// its tenant's usage, and counts it until now.
+func (r *Ledger) accrue(l capacity.Lease, now time.Time) time.Duration {
+	k := keyOf(l)
+	from := r.accrued[k]
+	if from.IsZero() || l.StartedAt.After(from) {
+		from = l.StartedAt
+	}
+	r.accrued[k] = now
+	return max(now.Sub(from), 0)
+}
+
 func (r *Ledger) addLocked(l capacity.Lease) {
 	r.leases[keyOf(l)] = l
+	r.accrued[keyOf(l)] = time.Now()
 	r.cpuUsed += l.CPUMilli
 	r.memUsed += l.MemoryBytes
 	r.gpuUsed += l.GPUs
@@ -330,6 +384,7 @@ func (r *Ledger) addLocked(l capacity.Lease) {
 
 func (r *Ledger) removeLocked(l capacity.Lease) {
 	delete(r.leases, keyOf(l))
+	delete(r.accrued, keyOf(l))
 	r.cpuUsed -= l.CPUMilli
 	r.memUsed -= l.MemoryBytes
 	r.gpuUsed -= l.GPUs
@@ -387,10 +442,7 @@ func (r *Ledger) flush(ctx context.Context) {
 	var replies []string
 	var err error
 	if !outage {
-		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		replies, err = r.s.ApplyLeases(cctx, r.cfg.WorkerID, r.leaseTTL(), batch)
-		cancel()
-		r.calls.Add(ctx, 1)
+		replies, err = r.apply(ctx, batch)
 		if err != nil {
 			r.noteOutage(err)
 		}
@@ -400,17 +452,99 @@ func (r *Ledger) flush(ctx context.Context) {
 			o.reply <- nil // Redis is away: local accounting decided
 			continue
 		}
-		switch s := replies[i]; s {
-		case capacity.LeaseOK, capacity.LeaseDup, capacity.LeaseUnknown:
+		switch s := replies[i]; {
+		case s == capacity.LeaseOK || s == capacity.LeaseDup || s == capacity.LeaseUnknown:
 			o.reply <- nil
 		default:
 			r.mu.Lock()
 			r.removeLocked(o.Lease)
 			r.mu.Unlock()
-			o.reply <- fmt.Errorf("%w: Redis counts %s full for this worker", capacity.ErrNoCapacity,
-				strings.TrimPrefix(s, capacity.LeaseRefusedPrefix))
+			o.reply <- fmt.Errorf("%w: %s", capacity.ErrNoCapacity, refusal(s, o.Lease.TenantOf()))
 		}
 	}
+}
+
+// refusal says why Redis refused a reservation.
+func refusal(reply, tenant string) string {
+	switch {
+	case strings.HasPrefix(reply, capacity.LeaseQuotaPrefix):
+		return fmt.Sprintf("tenant %s runs its quota of %s in the pool", tenant, strings.TrimPrefix(reply, capacity.LeaseQuotaPrefix))
+	case reply == capacity.LeaseMaxRunning:
+		return "the pool runs its bound of attempts (max_running)"
+	}
+	return fmt.Sprintf("Redis counts %s full for this worker", strings.TrimPrefix(reply, capacity.LeaseRefusedPrefix))
+}
+
+// maxStale is how many times a batch is sent again because the pool's
+// workers changed under it; then its reservations that check a quota are
+// refused, to come back a moment later.
+const maxStale = 3
+
+// apply sends a batch with the pool's other workers as the ledger knows
+// them, learning them again when they changed, and notes what the answer
+// says of the batch's tenants.
+func (r *Ledger) apply(ctx context.Context, batch []capacity.LeaseOp) ([]string, error) {
+	for try := 0; ; try++ {
+		peers, halfLife := r.share.peersAndHalfLife()
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		a, err := r.s.Apply(cctx, capacity.LeaseBatch{Pool: r.cfg.Pool, Worker: r.cfg.WorkerID, TTL: r.leaseTTL(),
+			Ops: batch, Peers: peers, HalfLife: halfLife})
+		cancel()
+		r.calls.Add(ctx, 1)
+		if err != nil {
+			return nil, err
+		}
+		r.share.setPeers(a.Peers)
+		if !a.Stale() {
+			r.share.learn(a.Tenants)
+			return a.Replies, nil
+		}
+		if try+1 < maxStale {
+			continue
+		}
+		return r.applyUnchecked(ctx, batch)
+	}
+}
+
+// applyUnchecked sends a batch without its reservations that check a
+// quota, which are refused: the pool's workers kept changing under it.
+func (r *Ledger) applyUnchecked(ctx context.Context, batch []capacity.LeaseOp) ([]string, error) {
+	var kept []capacity.LeaseOp
+	var dropped []bool // per reservation of batch
+	for _, o := range batch {
+		if o.Release {
+			kept = append(kept, o)
+			continue
+		}
+		drop := o.MaxRunning > 0 || (o.Quota != nil && !o.Quota.Unbounded())
+		dropped = append(dropped, drop)
+		if !drop {
+			kept = append(kept, o)
+		}
+	}
+	peers, halfLife := r.share.peersAndHalfLife()
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	a, err := r.s.Apply(cctx, capacity.LeaseBatch{Pool: r.cfg.Pool, Worker: r.cfg.WorkerID, TTL: r.leaseTTL(),
+		Ops: kept, Peers: peers, HalfLife: halfLife})
+	cancel()
+	r.calls.Add(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	r.share.learn(a.Tenants)
+	replies := make([]string, 0, len(dropped))
+	j := 0
+	for _, d := range dropped {
+		if d {
+			replies = append(replies, capacity.LeaseRefusedPrefix+"the pool's workers are changing")
+			continue
+		}
+		if j < len(a.Replies) {
+			replies = append(replies, a.Replies[j])
+		}
+		j++
+	}
+	return replies, nil
 }
 
 func (r *Ledger) noteOutage(err error) {
@@ -513,24 +647,33 @@ func amount(total *int64, used int64) job.Amount {
 // leases in Redis with the local ones, in one round trip.
 func (r *Ledger) heartbeat(ctx context.Context) {
 	b := capacity.Beat{Heartbeat: r.Snapshot(), TTL: r.ttl(), LeaseTTL: r.leaseTTL()}
+	b.Peers, b.HalfLife = r.share.peersAndHalfLife()
+	now := time.Now()
 	r.mu.Lock()
 	b.Totals = r.totals
 	b.Leases = make([]capacity.Lease, 0, len(r.leases))
+	b.Accrued = map[string]time.Duration{}
+	up := r.s.Up()
 	for _, l := range r.leases {
 		b.Leases = append(b.Leases, l)
+		if up {
+			b.Accrued[l.TenantOf()] += r.accrue(l, now)
+		}
 	}
 	r.mu.Unlock()
 
-	if !r.s.Up() {
+	if !up {
 		return // the outage is noted; the heartbeat after it comes at once
 	}
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	r.calls.Add(ctx, 1)
-	if err := r.s.Beat(cctx, b); err != nil {
+	view, err := r.s.Beat(cctx, b)
+	if err != nil {
 		r.noteOutage(err)
 		return
 	}
+	r.share.view(view, b.Totals)
 	r.mu.Lock()
 	was, since := r.outage, r.outageSince
 	r.outage = false

@@ -70,7 +70,7 @@ func waitLeases(t *testing.T, s *capacity.Store, worker, want string) {
 	deadline := time.Now().Add(10 * time.Second)
 	var got string
 	for time.Now().Before(deadline) {
-		leases, err := s.Leases(context.Background(), worker)
+		leases, err := s.Leases(context.Background(), "p", worker)
 		if err == nil {
 			var ids []string
 			for _, l := range leases {
@@ -122,7 +122,7 @@ func TestHeartbeatCarriesUsageAndInventory(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		hb, err := s.LastHeartbeat(ctx, "w1")
+		hb, err := s.LastHeartbeat(ctx, "p", "w1")
 		if err == nil && hb != nil && len(hb.Running) == 2 && hb.Inventory != nil {
 			for _, ra := range hb.Running {
 				switch {

@@ -90,7 +90,7 @@ func TestLedgerCountsAtFullSpeedWhileRedisIsAway(t *testing.T) {
 	if d := time.Since(back); d > 5*interval+100*time.Millisecond {
 		t.Errorf("leases matched %s after Redis returned, more than one lease TTL (%s) and the probe", d, 5*interval)
 	}
-	if u, err := s.Usage(ctx, "w1"); err != nil || u.Slots != 2 || u.SlotsUsed != 2 {
+	if u, err := s.Usage(ctx, "p", "w1"); err != nil || u.Slots != 2 || u.SlotsUsed != 2 {
 		t.Fatalf("usage after the outage: %+v %v", u, err)
 	}
 	// And Redis counts again: it refuses what its count does not hold.

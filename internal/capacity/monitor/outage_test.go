@@ -110,7 +110,7 @@ func TestReaperWaitsOutAnOutage(t *testing.T) {
 	// and never again) is found.
 	hb := &job.Heartbeat{WorkerID: "doomed", Pool: "p", Backend: "process", Version: "test", Health: job.HealthHealthy,
 		ObservedAt: time.Now().UTC(), Slots: job.Slots{Total: 1}, Running: []job.RunningAttempt{}}
-	if err := workerStore.Beat(ctx, capacity.Beat{Heartbeat: hb, TTL: 3 * interval, LeaseTTL: 5 * interval,
+	if _, err := workerStore.Beat(ctx, capacity.Beat{Heartbeat: hb, TTL: 3 * interval, LeaseTTL: 5 * interval,
 		Totals: capacity.Totals{Slots: 1}, Leases: []capacity.Lease{{JobID: "held", Attempt: 1}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func (r *Reaper) Reap(ctx context.Context) ([]string, error) {
 			return dead, err
 		}
 		for _, id := range ids {
-			if alive, err := r.s.Alive(lctx, id); err != nil || alive {
+			if alive, err := r.s.Alive(lctx, pool, id); err != nil || alive {
 				continue // unknown is not dead
 			}
 			if mine, err := r.s.Unindex(ctx, pool, id); err != nil || !mine {
@@ -154,11 +154,11 @@ func (r *Reaper) inGrace() bool {
 // leases outlive its heartbeat by two intervals (see ledger.Ledger);
 // the last heartbeat is the fallback.
 func (r *Reaper) bury(ctx context.Context, pool, id string) {
-	hb, err := r.s.LastHeartbeat(ctx, id)
+	hb, err := r.s.LastHeartbeat(ctx, pool, id)
 	if err != nil {
 		r.log.Warn("cannot read the last heartbeat of a dead worker", "worker_id", id, "err", err)
 	}
-	held, _ := r.s.Leases(ctx, id)
+	held, _ := r.s.Leases(ctx, pool, id)
 	backend, seen, version := "", time.Time{}, ""
 	if hb != nil {
 		backend, seen, version = hb.Backend, hb.ObservedAt, hb.Version
@@ -197,7 +197,7 @@ func (r *Reaper) bury(ctx context.Context, pool, id string) {
 	if err := r.s.RecordLost(ctx, lost); err != nil {
 		r.log.Warn("cannot record a lost worker for the console", "worker_id", id, "err", err)
 	}
-	if err := r.s.Forget(ctx, id); err != nil {
+	if err := r.s.Forget(ctx, pool, id); err != nil {
 		r.log.Warn("cannot remove what a dead worker left; it expires", "worker_id", id, "err", err)
 	}
 	r.log.Warn("worker lost", "worker_id", id, "pool", pool, "jobs", len(held))
