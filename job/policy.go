@@ -328,3 +328,38 @@ type TenantShare struct {
 func SortShares(s []TenantShare) {
 	slices.SortFunc(s, func(a, b TenantShare) int { return cmp.Compare(a.Tenant, b.Tenant) })
 }
+
+// IsZero reports whether p sets nothing: the pool is shared equally.
+func (p *PoolPolicy) IsZero() bool {
+	return p == nil || (len(p.Weights) == 0 && len(p.Quotas) == 0 && p.MaxRunning == 0 && p.HalfLife == nil)
+}
+
+// String writes p as fleetctl pool show does: "weights a=1 b=3; quotas
+// c=slots=2; max_running 10; half_life 10m0s", "shared equally" when zero.
+func (p *PoolPolicy) String() string {
+	if p.IsZero() {
+		return "shared equally"
+	}
+	var parts []string
+	if len(p.Weights) > 0 {
+		var ws []string
+		for _, t := range slices.Sorted(maps.Keys(p.Weights)) {
+			ws = append(ws, t+"="+strconv.FormatFloat(p.Weights[t], 'g', -1, 64))
+		}
+		parts = append(parts, "weights "+strings.Join(ws, " "))
+	}
+	if len(p.Quotas) > 0 {
+		var qs []string
+		for _, t := range slices.Sorted(maps.Keys(p.Quotas)) {
+			qs = append(qs, t+"="+p.Quotas[t].String())
+		}
+		parts = append(parts, "quotas "+strings.Join(qs, " "))
+	}
+	if p.MaxRunning > 0 {
+		parts = append(parts, "max_running "+strconv.Itoa(p.MaxRunning))
+	}
+	if p.HalfLife != nil {
+		parts = append(parts, "half_life "+p.HalfLife.Std().String())
+	}
+	return strings.Join(parts, "; ")
+}

@@ -214,6 +214,7 @@ func run(args []string) error {
 	}
 	if admission != nil {
 		cfg.Admission = admission
+		cfg.Capacity = caps
 	}
 	d, err := dispatcher.New(nc, cfg)
 	if err != nil {

@@ -124,6 +124,22 @@ func TenantOf(r *http.Request) (string, error) {
 	return asked, nil
 }
 
+// operatorOnly refuses a request of a tenant's token: pools are paused,
+// resumed and shared by operators.
+func operatorOnly(r *http.Request) error {
+	if p, _ := r.Context().Value(principalKey{}).(principal); p.tenant != "" {
+		return fmt.Errorf("%w: tenant %s may not change a pool; an operator's token may", errForbidden, p.tenant)
+	}
+	return nil
+}
+
+// tenantOnly returns the tenant a tenant's token acts as, "" for an
+// operator and on an open API.
+func tenantOnly(r *http.Request) string {
+	p, _ := r.Context().Value(principalKey{}).(principal)
+	return p.tenant
+}
+
 // Loopback reports whether addr (host:port) listens on loopback only.
 func Loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)

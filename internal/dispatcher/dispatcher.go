@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
@@ -55,6 +56,9 @@ type Config struct {
 	// Admission checks a request against the fleet's capacity. Defaults to
 	// accepting every request.
 	Admission Admission
+	// Capacity is the fleet's Redis, when it has one: pool show and the
+	// fleet.tenant.* gauges read what each tenant runs from it.
+	Capacity *capacity.Store
 	// ScheduleLease is how long the dispatcher that fires the schedules
 	// keeps their lease without renewing it: when it dies, another fires
 	// them within this and a second. Defaults to DefaultScheduleLease (3s).
@@ -247,7 +251,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return fmt.Errorf("consume %s: %w", d.names.IntakeStream(), err)
 	}
 	d.intakes = append(d.intakes, msgs)
-	unregister := d.lagGauges()
+	unregisterLag, unregisterTenants := d.lagGauges(), d.tenantGauges()
+	unregister := func() { unregisterLag(); unregisterTenants() }
 	lagLoop := lifecycle.NewEvery(lagEvery, d.refreshLag)
 	type service struct {
 		name string

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,7 @@ func NewAPI(d *Dispatcher) *API {
 	a.mux.HandleFunc("GET /v1/pools/{pool}", a.pool)
 	a.mux.HandleFunc("POST /v1/pools/{pool}/pause", a.pause)
 	a.mux.HandleFunc("POST /v1/pools/{pool}/resume", a.pause)
+	a.mux.HandleFunc("POST /v1/pools/{pool}/policy", a.setPolicy)
 	a.serveArtifacts()
 	a.serveSchedules()
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -178,12 +180,21 @@ func (a *API) pool(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
+	if t := tenantOnly(r); t != "" {
+		// A tenant sees how it fares, not how the others do.
+		s.Tenants = slices.DeleteFunc(s.Tenants, func(o job.TenantShare) bool { return o.Tenant != t })
+		s.Policy = nil
+	}
 	writeJSON(w, http.StatusOK, s)
 }
 
 // pause pauses or resumes a pool, as the path says; the body, when there
 // is one, is a job.PoolChange.
 func (a *API) pause(w http.ResponseWriter, r *http.Request) {
+	if err := operatorOnly(r); err != nil {
+		a.fail(w, err)
+		return
+	}
 	var change job.PoolChange
 	if r.ContentLength != 0 {
 		if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&change); err != nil {
@@ -193,6 +204,27 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request) {
 	}
 	paused := strings.HasSuffix(r.URL.Path, "/pause")
 	s, err := a.d.SetPaused(r.Context(), r.PathValue("pool"), paused, &change)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
+// setPolicy changes how a pool is shared; the body is a job.PolicyChange.
+func (a *API) setPolicy(w http.ResponseWriter, r *http.Request) {
+	if err := operatorOnly(r); err != nil {
+		a.fail(w, err)
+		return
+	}
+	var change job.PolicyChange
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&change); err != nil {
+		writeJSON(w, http.StatusBadRequest, &job.ErrorReply{Error: "the body is not a policy change: " + err.Error()})
+		return
+	}
+	s, err := a.d.SetPolicy(r.Context(), r.PathValue("pool"), &change)
 	if err != nil {
 		a.fail(w, err)
 		return

@@ -13,9 +13,10 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
+	"github.com/fleet-dev/fleet/job"
 )
 
-// lag keeps, per pool, the jobs waiting in the pool's consumer and those
+// lag keeps, per pool, the jobs waiting in the pool's queues and those
 // delivered but not finished, for the fleet.queue.* gauges: what an
 // autoscaler or an operator watches.
 // lagEvery is how often the pools' lag is read.
@@ -25,6 +26,8 @@ type lag struct {
 	mu       sync.Mutex
 	pending  map[string]uint64
 	inFlight map[string]int
+	// tenants is how each pool's tenants fare (see shares.go).
+	tenants map[string][]job.TenantShare
 }
 
 // lagGauges registers the gauges that report the pools' lag, as
@@ -84,16 +87,23 @@ func (d *Dispatcher) refreshLag(ctx context.Context) {
 		}
 	}
 	pending, inFlight := map[string]uint64{}, map[string]int{}
+	var v2 []string
 	for _, name := range streams {
+		pool, isV2 := strings.CutPrefix(name, d.names.PoolStreamV2(""))
+		if isV2 {
+			v2 = append(v2, pool)
+		}
 		s, err := d.js.Stream(cctx, name)
 		if err != nil {
 			return
 		}
 		list := s.ListConsumers(cctx)
 		for info := range list.Info() {
-			pool, ok := strings.CutPrefix(info.Name, "jobs-")
-			if !ok {
-				continue
+			if _, _, queue := d.names.ParseQueueConsumer(info.Name); !isV2 || !queue {
+				var ok bool
+				if pool, ok = strings.CutPrefix(info.Name, "jobs-"); !ok {
+					continue
+				}
 			}
 			pending[pool] += info.NumPending // a v1 stream left from before, and the v2 one
 			inFlight[pool] += info.NumAckPending
@@ -105,4 +115,5 @@ func (d *Dispatcher) refreshLag(ctx context.Context) {
 	l.mu.Lock()
 	l.pending, l.inFlight = pending, inFlight
 	l.mu.Unlock()
+	d.refreshTenants(cctx, v2)
 }

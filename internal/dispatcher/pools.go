@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,16 +15,21 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// Pool returns what operators set about a pool.
+// Pool returns what operators set about a pool, and how its tenants fare.
 func (d *Dispatcher) Pool(ctx context.Context, pool string) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
 		return nil, fmt.Errorf("%w: %q is not a pool name", errInvalid, pool)
 	}
-	return queue.ReadPool(ctx, d.poolStates, pool)
+	s, err := queue.ReadPool(ctx, d.poolStates, pool)
+	if err != nil {
+		return nil, err
+	}
+	s.Tenants, s.Slots = d.shares(ctx, pool, s.Policy)
+	return s, nil
 }
 
 // SetPaused pauses or resumes a pool: its workers start no attempt while
-// it is paused (they look at least once a second), and the jobs that
+// it is paused (they watch the pool's state), and the jobs that
 // arrive meanwhile wait in its stream; attempts already running go on.
 func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, change *job.PoolChange) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
@@ -32,31 +38,59 @@ func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, ch
 	if err := change.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errInvalid, err)
 	}
-	cur, err := queue.ReadPool(ctx, d.poolStates, pool)
+	var was bool
+	s, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
+		was = s.Paused
+		now := time.Now().UTC()
+		s.UpdatedAt = now
+		switch {
+		case paused && !s.Paused:
+			s.Paused, s.Since, s.Reason = true, &now, change.Reason
+		case paused:
+			s.Reason = change.Reason
+		default:
+			s.Paused, s.Since, s.Reason = false, nil, ""
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now().UTC()
-	s := *cur
-	s.UpdatedAt = now
-	switch {
-	case paused && !cur.Paused:
-		s.Paused, s.Since, s.Reason = true, &now, change.Reason
-	case paused:
-		s.Reason = change.Reason
-	default:
-		s.Paused, s.Since, s.Reason = false, nil, ""
-	}
-	if err := queue.WritePool(ctx, d.poolStates, &s); err != nil {
-		return nil, err
-	}
-	if paused != cur.Paused {
+	if paused != was {
 		d.log.Info("pool "+map[bool]string{true: "paused", false: "resumed"}[paused], "pool", pool, "reason", s.Reason)
 	}
-	return &s, nil
+	return s, nil
 }
 
-// onPool answers <prefix>.pools.<pool>.{pause,resume,show}.
+// SetPolicy changes how a pool is shared between tenants: the workers
+// follow the new policy as soon as they hear of it (they watch the pool's
+// state).
+func (d *Dispatcher) SetPolicy(ctx context.Context, pool string, change *job.PolicyChange) (*job.PoolState, error) {
+	if !job.ValidPool(pool) {
+		return nil, fmt.Errorf("%w: %q is not a pool name", errInvalid, pool)
+	}
+	if err := change.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", errInvalid, err)
+	}
+	s, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
+		p := change.Apply(s.Policy)
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", errInvalid, err)
+		}
+		if p.IsZero() {
+			p = nil
+		}
+		s.Policy, s.UpdatedAt = p, time.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("pool policy set", "pool", pool, "policy", s.Policy.String())
+	return s, nil
+}
+
+// onPool answers <prefix>.pools.<pool>.{pause,resume,show,set}.
 func (d *Dispatcher) onPool(m *nats.Msg) {
 	if m.Reply == "" {
 		return
@@ -78,7 +112,14 @@ func (d *Dispatcher) poolRequest(ctx context.Context, m *nats.Msg) (*job.PoolSta
 	rest := strings.TrimPrefix(m.Subject, strings.TrimSuffix(d.names.AllPools(), ">"))
 	pool, verb, ok := strings.Cut(rest, ".")
 	if !ok || strings.Contains(verb, ".") {
-		return nil, fmt.Errorf("%w: %s is not <pool>.pause, .resume or .show", errInvalid, rest)
+		return nil, fmt.Errorf("%w: %s is not <pool>.pause, .resume, .show or .set", errInvalid, rest)
+	}
+	if verb == "set" {
+		var change job.PolicyChange
+		if err := strictJSON(m.Data, &change); err != nil {
+			return nil, fmt.Errorf("%w: the request is not a policy change: %v", errInvalid, err)
+		}
+		return d.SetPolicy(ctx, pool, &change)
 	}
 	var change job.PoolChange
 	if len(m.Data) > 0 {
@@ -94,7 +135,7 @@ func (d *Dispatcher) poolRequest(ctx context.Context, m *nats.Msg) (*job.PoolSta
 	case "show":
 		return d.Pool(ctx, pool)
 	}
-	return nil, fmt.Errorf("%w: %q is not pause, resume or show", errInvalid, verb)
+	return nil, fmt.Errorf("%w: %q is not pause, resume, show or set", errInvalid, verb)
 }
 
 // errInvalid marks a request about a pool that cannot be carried out as
@@ -105,3 +146,16 @@ var errInvalid = errors.New("invalid request")
 var errForbidden = errors.New("forbidden")
 
 func isInvalid(err error) bool { return errors.Is(err, errInvalid) }
+
+// strictJSON decodes one JSON value into v, refusing fields v has not.
+func strictJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("more than one JSON value")
+	}
+	return nil
+}

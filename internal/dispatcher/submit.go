@@ -168,6 +168,9 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	if err := d.ensurePool(ctx, req.Pool); err != nil {
 		return nil, errTransient{err}
 	}
+	if err := d.ensureQueue(ctx, req.Pool, queue.QueueKey{Priority: req.Priority, Tenant: tenant}); err != nil {
+		return nil, errTransient{err}
+	}
 	reply := &job.SubmitReply{JobID: req.ID, Tenant: tenant, Pool: req.Pool, Priority: req.Priority,
 		State: job.StateQueued, Warning: warning}
 	hdr := nats.Header{}
@@ -294,6 +297,27 @@ func (d *Dispatcher) ensurePool(ctx context.Context, pool string) error {
 	return nil
 }
 
+// ensureQueue makes sure a pool's queue of a tenant and priority has its
+// consumer before its first job is queued, once per queue in this
+// dispatcher's life.
+func (d *Dispatcher) ensureQueue(ctx context.Context, pool string, q queue.QueueKey) error {
+	v, _ := d.pools.LoadOrStore(pool+"/"+d.names.QueueConsumer(q.Priority, q.Tenant), &poolSetup{})
+	p := v.(*poolSetup)
+	if p.done.Load() {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done.Load() {
+		return nil
+	}
+	if err := queue.EnsureQueue(ctx, d.js, d.cfg.Queue, pool, q); err != nil {
+		return err
+	}
+	p.done.Store(true)
+	return nil
+}
+
 // poolSetup is whether a pool's stream was set up in this dispatcher's life.
 type poolSetup struct {
 	mu   sync.Mutex
@@ -312,7 +336,8 @@ func (d *Dispatcher) Requeue(ctx context.Context, handle string) error {
 }
 
 // isJobAck reports whether subject is an ack subject of a pool's jobs:
-// $JS.ACK.<stream>.jobs-<pool>.… with the pool's stream.
+// $JS.ACK.<stream>.<consumer>.… with the pool's stream and one of its
+// queues' consumers (or jobs-<pool>, the single consumer of before).
 func (d *Dispatcher) isJobAck(subject string) bool {
 	rest, ok := strings.CutPrefix(subject, "$JS.ACK.")
 	if !ok {
@@ -320,6 +345,10 @@ func (d *Dispatcher) isJobAck(subject string) bool {
 	}
 	stream, rest, _ := strings.Cut(rest, ".")
 	consumer, _, _ := strings.Cut(rest, ".")
-	pool, ok := strings.CutPrefix(consumer, "jobs-")
-	return ok && job.ValidPool(pool) && stream == d.names.PoolStreamV2(pool)
+	pool, ok := strings.CutPrefix(stream, d.names.PoolStreamV2(""))
+	if !ok || !job.ValidPool(pool) {
+		return false
+	}
+	_, _, queue := d.names.ParseQueueConsumer(consumer)
+	return queue || consumer == d.names.PoolConsumer(pool)
 }

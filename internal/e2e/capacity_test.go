@@ -74,7 +74,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 
 	ctx := context.Background()
 	waitFor(t, "the lease in Redis", 10*time.Second, func() bool {
-		u, err := caps.Usage(ctx, "mortal")
+		u, err := caps.Usage(ctx, "default", "mortal")
 		return err == nil && u.SlotsUsed == 1 && u.Slots == 3
 	})
 	w.Kill()
@@ -119,7 +119,7 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 		t.Errorf("recently lost workers: %+v, %v", lostWorkers, err)
 	}
 	// And nothing of the dead worker is left in Redis.
-	if u, err := caps.Usage(ctx, "mortal"); err != nil || u.Slots != 0 || u.SlotsUsed != 0 {
+	if u, err := caps.Usage(ctx, "default", "mortal"); err != nil || u.Slots != 0 || u.SlotsUsed != 0 {
 		t.Errorf("the dead worker's slots: %+v %v", u, err)
 	}
 }
@@ -184,7 +184,7 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 	ctx := context.Background()
 	// Once a heartbeat has run, Redis holds exactly what runs.
 	waitFor(t, "leases to match what runs", 5*time.Second, func() bool {
-		leases, err := caps.Leases(ctx, "steady")
+		leases, err := caps.Leases(ctx, "default", "steady")
 		return err == nil && len(leases) == w.Running() && len(leases) > 0
 	})
 	for _, id := range ids {
@@ -193,8 +193,8 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 		}
 	}
 	waitFor(t, "no lease left after the last job", 5*time.Second, func() bool {
-		u, err := caps.Usage(ctx, "steady")
-		leases, _ := caps.Leases(ctx, "steady")
+		u, err := caps.Usage(ctx, "default", "steady")
+		leases, _ := caps.Leases(ctx, "default", "steady")
 		return err == nil && u.Slots == 4 && u.SlotsUsed == 0 && len(leases) == 0
 	})
 }
@@ -343,7 +343,7 @@ func TestKilledWorkersJobsRunAgainWithinTheTTL(t *testing.T) {
 	}
 	ctx := context.Background()
 	waitFor(t, "the mortal worker to hold the jobs", 10*time.Second, func() bool {
-		u, err := caps.Usage(ctx, "mortal")
+		u, err := caps.Usage(ctx, "default", "mortal")
 		return err == nil && u.SlotsUsed == len(ids)
 	})
 	fleettest.StartProc(t, "worker", env, args("survivor")...).WaitOutput(t, "worker started", 20*time.Second)

@@ -64,11 +64,11 @@ func leasesMatch(caps *capacity.Store, workers map[string]*worker.Worker) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for id, w := range workers {
-		leases, err := caps.Leases(ctx, id)
+		leases, err := caps.Leases(ctx, "default", id)
 		if err != nil {
 			return false
 		}
-		u, err := caps.Usage(ctx, id)
+		u, err := caps.Usage(ctx, "default", id)
 		if err != nil || u.SlotsUsed != len(leases) || len(leases) != w.Running() {
 			return false
 		}
@@ -121,7 +121,7 @@ func TestRedisSentinelFailoverLosesNoJob(t *testing.T) {
 		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("through-failover-%d", i), Command: []string{"sleep", "0.5"}}))
 	}
 	waitFor(t, "leases in the first master", 5*time.Second, func() bool {
-		u, err := caps.Usage(context.Background(), "sen-1")
+		u, err := caps.Usage(context.Background(), "default", "sen-1")
 		return err == nil && u.SlotsUsed > 0
 	})
 	old := st.KillMaster()
@@ -147,8 +147,8 @@ func TestRedisSentinelFailoverLosesNoJob(t *testing.T) {
 	done := time.Now()
 	waitFor(t, "no lease left after the last job", haLeaseTTL, func() bool {
 		for id := range workers {
-			u, err := caps.Usage(context.Background(), id)
-			leases, lerr := caps.Leases(context.Background(), id)
+			u, err := caps.Usage(context.Background(), "default", id)
+			leases, lerr := caps.Leases(context.Background(), "default", id)
 			if err != nil || lerr != nil || u.Slots != 3 || u.SlotsUsed != 0 || len(leases) != 0 {
 				return false
 			}
@@ -203,7 +203,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	waitFor(t, "leases on the cluster", 5*time.Second, func() bool {
 		total := 0
 		for id := range workers {
-			u, err := caps.Usage(ctx, id)
+			u, err := caps.Usage(ctx, "default", id)
 			if err != nil {
 				return false
 			}
@@ -218,7 +218,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	}
 	waitFor(t, "no lease left after the last job", haLeaseTTL, func() bool { return leasesMatch(caps, workers) })
 	for id := range workers {
-		if u, _ := caps.Usage(ctx, id); u.SlotsUsed != 0 {
+		if u, _ := caps.Usage(ctx, "default", id); u.SlotsUsed != 0 {
 			t.Errorf("%s: %d slots used after the last job", id, u.SlotsUsed)
 		}
 	}
@@ -231,7 +231,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	w.WaitOutput(t, "worker started", 20*time.Second)
 	held := f.Submit(t, &job.Request{ID: "held-on-cluster", Pool: "doomed", Command: []string{"sleep", "30"}})
 	waitFor(t, "the doomed worker's lease", 10*time.Second, func() bool {
-		l, err := caps.Leases(ctx, "cl-doomed")
+		l, err := caps.Leases(ctx, "default", "cl-doomed")
 		return err == nil && len(l) == 1 && l[0].JobID == held
 	})
 	w.Kill()
@@ -252,7 +252,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	if !lost {
 		t.Error("no worker_lost event for the job the doomed worker held")
 	}
-	if u, err := caps.Usage(ctx, "cl-doomed"); err != nil || u.Slots != 0 || len(mustLeases(t, caps, "cl-doomed")) != 0 {
+	if u, err := caps.Usage(ctx, "default", "cl-doomed"); err != nil || u.Slots != 0 || len(mustLeases(t, caps, "cl-doomed")) != 0 {
 		t.Errorf("the reaped worker's slots: %+v %v", u, err)
 	}
 }
@@ -277,7 +277,7 @@ func eventsUntil(t *testing.T, f *fleettest.Fleet, id, phase string) []*job.Even
 
 func mustLeases(t *testing.T, caps *capacity.Store, id string) []capacity.Lease {
 	t.Helper()
-	l, err := caps.Leases(context.Background(), id)
+	l, err := caps.Leases(context.Background(), "default", id)
 	if err != nil {
 		t.Fatal(err)
 	}

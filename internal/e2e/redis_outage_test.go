@@ -255,11 +255,11 @@ func (f *outageFleet) running(t *testing.T, ids []string) map[string][]string {
 func (f *outageFleet) leasesOf(worker string) ([]string, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	leases, err := f.caps.Leases(ctx, worker)
+	leases, err := f.caps.Leases(ctx, "default", worker)
 	if err != nil {
 		return nil, false
 	}
-	u, err := f.caps.Usage(ctx, worker)
+	u, err := f.caps.Usage(ctx, "default", worker)
 	if err != nil || u.SlotsUsed != len(leases) || u.Slots != 4 {
 		return nil, false
 	}
@@ -499,8 +499,8 @@ func haOutage(t *testing.T, caps *capacity.Store, kill, restore func()) {
 	waitFor(t, "the leases to match what runs", haLeaseTTL, func() bool {
 		for id, w := range workers {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			u, err := caps.Usage(ctx, id)
-			leases, lerr := caps.Leases(ctx, id)
+			u, err := caps.Usage(ctx, "default", id)
+			leases, lerr := caps.Leases(ctx, "default", id)
 			cancel()
 			if err != nil || lerr != nil || u.Slots != slots || u.SlotsUsed != len(leases) || len(leases) != w.Running() {
 				return false

@@ -138,7 +138,11 @@ func TestWorkerSetupWaitsForTheClusterAndTheDispatcher(t *testing.T) {
 			done <- bound{err: err}
 			return
 		}
-		cons, err := queue.PoolConsumerV2(ctx, wjs, cfg, "default", log.logger())
+		if err := queue.WorkerPoolStream(ctx, wjs, cfg, "default", log.logger()); err != nil {
+			done <- bound{err: err}
+			return
+		}
+		cons, err := queue.BindQueue(ctx, wjs, cfg, "default", queue.QueueKey{Priority: 3, Tenant: "default"})
 		done <- bound{cons, err}
 	}()
 	// It waits, and says why.
@@ -166,7 +170,7 @@ func TestWorkerSetupWaitsForTheClusterAndTheDispatcher(t *testing.T) {
 		if b.err != nil {
 			t.Fatalf("worker setup: %v\n%s", b.err, log)
 		}
-		if name := b.cons.CachedInfo().Name; name != "jobs-default" {
+		if name := b.cons.CachedInfo().Name; name != "q3-default" {
 			t.Errorf("consumer %s", name)
 		}
 	case <-time.After(30 * time.Second):

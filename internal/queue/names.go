@@ -6,6 +6,8 @@ package queue
 import (
 	"strconv"
 	"strings"
+
+	"github.com/fleet-dev/fleet/job"
 )
 
 // Lag is a pool's consumer lag: jobs waiting in its queue, not yet
@@ -349,3 +351,36 @@ func (n Names) IntakeConsumer() string { return "dispatcher" }
 
 // PoolConsumer is the durable consumer a pool's workers share.
 func (n Names) PoolConsumer(pool string) string { return "jobs-" + pool }
+
+// QueueConsumer is the durable consumer of one queue of a pool: the jobs
+// one tenant queued at priority p (contract v2). Workers pull from a
+// pool's queues in the order its sharing policy gives (see
+// internal/worker/share.go).
+func (n Names) QueueConsumer(p int, tenant string) string {
+	return KindQueued(p) + "-" + tenant
+}
+
+// ParseQueueConsumer reads a queue consumer's name.
+func (n Names) ParseQueueConsumer(name string) (p int, tenant string, ok bool) {
+	kind, tenant, ok := strings.Cut(name, "-")
+	if !ok || len(kind) != 2 || kind[0] != 'q' || !job.ValidTenant(tenant) {
+		return 0, "", false
+	}
+	p = int(kind[1] - '0')
+	if p < job.HighestPriority || p > job.LowestPriority {
+		return 0, "", false
+	}
+	return p, tenant, true
+}
+
+// PoolQueue matches the jobs one tenant queued in a pool at priority p.
+func (n Names) PoolQueue(pool string, p int, tenant string) string {
+	return n.prefix() + ".p." + pool + "." + KindQueued(p) + "." + tenant + ".*"
+}
+
+// PoolQueuedLive matches the republished copies of the versions that queue
+// a pool's jobs at priority p, of every tenant: a worker that pulls from
+// several queues hears of new work on them.
+func (n Names) PoolQueuedLive(pool string, p int) string {
+	return n.prefix() + ".t.*.job." + pool + "." + KindQueued(p) + ".*"
+}

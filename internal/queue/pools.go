@@ -40,3 +40,45 @@ func WritePool(ctx context.Context, kv jetstream.KeyValue, s *job.PoolState) err
 	}
 	return nil
 }
+
+// UpdatePool changes a pool's state with change, as a compare-and-set on
+// the entry it read, trying again when another writer came between; it
+// returns the state written.
+func UpdatePool(ctx context.Context, kv jetstream.KeyValue, pool string, change func(*job.PoolState) error) (*job.PoolState, error) {
+	for try := 0; ; try++ {
+		var rev uint64
+		s := &job.PoolState{Pool: pool}
+		e, err := kv.Get(ctx, pool)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return nil, fmt.Errorf("read pool %s: %w", pool, err)
+		default:
+			rev = e.Revision()
+			if err := json.Unmarshal(e.Value(), s); err != nil {
+				return nil, fmt.Errorf("read pool %s: %w", pool, err)
+			}
+			s.Pool = pool
+		}
+		if err := change(s); err != nil {
+			return nil, err
+		}
+		s.Tenants, s.Slots = nil, 0 // never stored
+		data, err := json.Marshal(s)
+		if err != nil {
+			return nil, fmt.Errorf("write pool %s: %w", pool, err)
+		}
+		if rev == 0 {
+			_, err = kv.Create(ctx, pool, data)
+		} else {
+			_, err = kv.Update(ctx, pool, data, rev)
+		}
+		if err == nil {
+			return s, nil
+		}
+		if try < 10 && (errors.Is(err, jetstream.ErrKeyExists) || IsWrongLastSequence(err)) {
+			continue
+		}
+		return nil, fmt.Errorf("write pool %s: %w", pool, err)
+	}
+}

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/fleet-dev/fleet/job"
 )
 
 // Defaults of Config, and of the commands' flags.
@@ -365,20 +363,18 @@ func EnsurePoolStream(ctx context.Context, js jetstream.JetStream, c Config, poo
 	return stream, nil
 }
 
-// PoolConsumerV2 creates or updates the consumer a pool's workers share
-// (after the pool's stream, if need be), waiting as Setup does. Its ack
-// wait is the workers'.
+// WorkerPoolStream makes sure a pool's stream exists before a worker
+// binds to its queues, waiting as Setup does.
 //
 // A worker may start before any job of its pool was queued: then it
 // creates the pool's stream, with the replicas of the fleet's events
 // stream (which the dispatchers set up; a worker has no say in replicas),
 // but never updates one.
-func PoolConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) (jetstream.Consumer, error) {
+func WorkerPoolStream(ctx context.Context, js jetstream.JetStream, c Config, pool string, log *slog.Logger) error {
 	c = c.WithDefaults()
 	sc := c.PoolStreamV2(pool)
-	var stream jetstream.Stream
 	err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) (err error) {
-		if stream, err = js.Stream(ctx, sc.Name); err == nil {
+		if _, err = js.Stream(ctx, sc.Name); err == nil {
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -389,35 +385,102 @@ func PoolConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, pool 
 			return err // no dispatcher has set the fleet up yet: wait
 		}
 		sc.Replicas = events.CachedInfo().Config.Replicas
-		stream, err = js.CreateStream(ctx, sc)
+		_, err = js.CreateStream(ctx, sc)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("stream of pool %s: %w", pool, err)
+		return fmt.Errorf("stream of pool %s: %w", pool, err)
 	}
-	filters := make([]string, 0, job.LowestPriority)
-	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
-		filters = append(filters, c.PoolQueued(pool, p))
+	return nil
+}
+
+// QueueKey names one queue of a pool: the jobs one tenant queued at one
+// priority.
+type QueueKey struct {
+	Priority int
+	Tenant   string
+}
+
+// QueueConsumer is the configuration of a queue's consumer. Its ack wait
+// is the workers': the dispatcher that creates a queue for its first job
+// takes it from the queues the pool already has, and every worker sets
+// its own when it binds.
+func (c Config) QueueConsumer(pool string, q QueueKey) jetstream.ConsumerConfig {
+	c = c.WithDefaults()
+	return jetstream.ConsumerConfig{
+		Durable:       c.Names.QueueConsumer(q.Priority, q.Tenant),
+		Description:   fmt.Sprintf("Workers of pool %s: tenant %s, priority %d", pool, q.Tenant, q.Priority),
+		FilterSubject: c.PoolQueue(pool, q.Priority, q.Tenant),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    c.MaxDeliver,
+		MaxAckPending: c.MaxAckPending,
+		MaxWaiting:    4096,
 	}
-	cc := jetstream.ConsumerConfig{
-		Durable:        c.Names.PoolConsumer(pool),
-		Description:    "Workers of pool " + pool,
-		FilterSubjects: filters,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.AckWait,
-		MaxDeliver:     c.MaxDeliver,
-		MaxAckPending:  c.MaxAckPending,
-		MaxWaiting:     4096,
+}
+
+// EnsureQueue creates the consumer of a pool's queue if it has none; a
+// dispatcher calls it before it queues the first job of a tenant at a
+// priority. It delivers from the start of the stream: the first job of
+// the queue is never stored before its consumer exists, and a consumer
+// deleted by hand finds again what was queued (a job already ended is
+// acknowledged by the worker that reads its record).
+func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) error {
+	c = c.WithDefaults()
+	stream := c.Names.PoolStreamV2(pool)
+	name := c.Names.QueueConsumer(q.Priority, q.Tenant)
+	if _, err := js.Consumer(ctx, stream, name); err == nil {
+		return nil
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("queue %s of pool %s: %w", name, pool, err)
 	}
-	var cons jetstream.Consumer
-	err = retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
-		cons, err = stream.CreateOrUpdateConsumer(ctx, cc)
-		return err
-	})
+	cc := c.QueueConsumer(pool, q)
+	// Take the ack wait the pool's workers gave their queues.
+	if st, err := js.Stream(ctx, stream); err == nil {
+		lister := st.ListConsumers(ctx)
+		for info := range lister.Info() {
+			if _, _, ok := c.Names.ParseQueueConsumer(info.Name); ok {
+				cc.AckWait = info.Config.AckWait
+			}
+		}
+	}
+	_, err := js.CreateConsumer(ctx, stream, cc)
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return fmt.Errorf("create queue %s of pool %s: %w", name, pool, err)
+	}
+	return nil
+}
+
+// BindQueue creates or updates the consumer of a pool's queue with the
+// worker's configuration, and returns it.
+func BindQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) (jetstream.Consumer, error) {
+	c = c.WithDefaults()
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.Names.PoolStreamV2(pool), c.QueueConsumer(pool, q))
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s: %w", cc.Durable, err)
+		return nil, fmt.Errorf("bind to queue %s of pool %s: %w", c.Names.QueueConsumer(q.Priority, q.Tenant), pool, err)
 	}
 	return cons, nil
+}
+
+// Queues lists a pool's queues, with what their consumers last said of
+// themselves (pending, delivered and not acknowledged).
+func Queues(ctx context.Context, js jetstream.JetStream, c Config, pool string) (map[QueueKey]*jetstream.ConsumerInfo, error) {
+	c = c.WithDefaults()
+	out := map[QueueKey]*jetstream.ConsumerInfo{}
+	st, err := js.Stream(ctx, c.Names.PoolStreamV2(pool))
+	if err != nil {
+		return nil, fmt.Errorf("queues of pool %s: %w", pool, err)
+	}
+	lister := st.ListConsumers(ctx)
+	for info := range lister.Info() {
+		if p, t, ok := c.Names.ParseQueueConsumer(info.Name); ok {
+			out[QueueKey{p, t}] = info
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("queues of pool %s: %w", pool, err)
+	}
+	return out, nil
 }
 
 // PoolStream returns the name of the stream that holds a pool's jobs,

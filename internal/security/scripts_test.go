@@ -78,8 +78,11 @@ func TestOperatorScripts(t *testing.T) {
 	for _, pool := range []string{"default", "gpu-a100"} {
 		w := connectAs(t, s.url(), k, roleWorker(pool))
 		wjs, _ := jetstream.New(w.Conn)
-		if _, err := queue.PoolConsumerV2(ctx, wjs, queue.Config{}, pool, nil); err != nil {
+		if err := queue.WorkerPoolStream(ctx, wjs, queue.Config{}, pool, nil); err != nil {
 			t.Fatalf("worker of %s: %v", pool, err)
+		}
+		if _, err := queue.BindQueue(ctx, wjs, queue.Config{}, pool, queue.QueueKey{Priority: 3, Tenant: "team-a"}); err != nil {
+			t.Fatalf("worker of %s binds to a queue: %v", pool, err)
 		}
 	}
 	// Each tenant's producer asks for its uploads bucket, which a

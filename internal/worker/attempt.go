@@ -51,7 +51,11 @@ type delivery struct {
 	logMu sync.Mutex
 	logs  int
 
-	lease     *capacity.Lease // the attempt's capacity lease, while held
+	lease *capacity.Lease // the attempt's capacity lease, while held
+	// held is what the attempt counts in its tenant's share of the pool,
+	// from heldAt (see Worker.hold).
+	held      *capacity.Holding
+	heldAt    time.Time
 	slotFreed bool
 
 	arts *artifact.Attempt // its files in the object store; nil without one
@@ -375,10 +379,15 @@ func (d *delivery) task() *executor.Task {
 // decision to settle instead when the worker has no room for it.
 func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 	c := d.w.cfg.Capacity
+	req := d.req
+	if d.held == nil {
+		d.held = &capacity.Holding{Slots: 1, CPUMilli: req.Resources.CPUMilli(), MemoryBytes: req.Resources.MemoryBytes(), GPUs: int64(req.Resources.GPU)}
+		d.heldAt = time.Now()
+		d.w.hold(d.key.Tenant, *d.held, 1)
+	}
 	if c == nil || d.lease != nil {
 		return action{}, true
 	}
-	req := d.req
 	l := capacity.Lease{Tenant: executor.TenantKey(d.key.Tenant), JobID: d.id, Attempt: act.attempt, CPUMilli: req.Resources.CPUMilli(),
 		MemoryBytes: req.Resources.MemoryBytes(), GPUs: req.Resources.GPU, StartedAt: time.Now(), Handle: d.msg.Reply()}
 	if act.found != nil && !act.found.StartedAt.IsZero() {
@@ -386,6 +395,7 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 	}
 	switch err := c.Reserve(ctx, l); {
 	case errors.Is(err, capacity.ErrNoCapacity):
+		d.unhold()
 		s := d.situation()
 		s.noCapacity = err.Error()
 		return decide(s), false
@@ -394,6 +404,16 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 	}
 	d.lease = &l
 	return action{}, true
+}
+
+// unhold ends what the attempt counts in its tenant's share.
+func (d *delivery) unhold() {
+	if d.held == nil {
+		return
+	}
+	d.w.hold(d.key.Tenant, *d.held, -1)
+	d.w.usage.add(d.key.Tenant, time.Since(d.heldAt), d.w.policy.Load().HalfLifeOr(), time.Now())
+	d.held = nil
 }
 
 // releaseLease gives the attempt's capacity lease back, if it holds one.
@@ -417,6 +437,7 @@ func (d *delivery) freeSlot() {
 		return
 	}
 	d.slotFreed = true
+	d.unhold()
 	d.releaseLease()
 	d.w.slots.release(1)
 	d.w.ended.fire()

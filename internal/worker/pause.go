@@ -2,15 +2,24 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // An operator may pause a pool (fleetctl pool pause): its workers then
 // start no attempt, and the jobs that arrive wait in the pool's stream.
-// Each worker reads the pool's entry in the pools bucket every PausePoll;
+// Each worker watches the pool's entry in the pools bucket, and reads it
+// again every PausePoll;
 // while the pool is paused its pull loop asks for nothing, and a delivery
 // it had already taken is given back, without being counted, to come back
 // after pausedRecheck.
@@ -65,23 +74,42 @@ func (p *pauseState) waitResumed(ctx context.Context) bool {
 	}
 }
 
-// readPause reads whether the pool is paused. A fleet whose dispatchers
-// predate the pools bucket has no pauses: the worker keeps trying to open
-// it, quietly.
+// readPause reads the pool's state: whether it is paused, and its
+// sharing policy. A fleet whose dispatchers predate the pools bucket has
+// no pauses: the worker keeps trying to open it, quietly.
 func (w *Worker) readPause(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.PausePoll, time.Second))
 	defer cancel()
-	if w.pools == nil {
-		kv, err := w.js.KeyValue(ctx, w.names.PoolsBucket())
-		if err != nil {
-			return
-		}
-		w.pools = kv
+	kv, err := w.poolsBucket(ctx)
+	if err != nil {
+		return
 	}
-	s, err := queue.ReadPool(ctx, w.pools, w.cfg.Pool)
+	s, err := queue.ReadPool(ctx, kv, w.cfg.Pool)
 	if err != nil {
 		w.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
 		return
+	}
+	w.setPool(s)
+}
+
+func (w *Worker) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	w.poolsMu.Lock()
+	defer w.poolsMu.Unlock()
+	if w.pools == nil {
+		kv, err := w.js.KeyValue(ctx, w.names.PoolsBucket())
+		if err != nil {
+			return nil, err
+		}
+		w.pools = kv
+	}
+	return w.pools, nil
+}
+
+// setPool applies what was read of the pool's state.
+func (w *Worker) setPool(s *job.PoolState) {
+	w.policy.Store(s.Policy)
+	if sh, ok := w.cfg.Capacity.(capacity.Sharer); ok {
+		sh.SetPolicy(s.Policy)
 	}
 	if w.pause.set(s.Paused) {
 		if s.Paused {
@@ -90,4 +118,45 @@ func (w *Worker) readPause(ctx context.Context) {
 			w.log.Info("pool resumed")
 		}
 	}
+}
+
+// watchPool follows the pool's entry in the pools bucket, so that a pause
+// or a new policy holds here as soon as it is stored (the reads every
+// PausePoll stay, for a watch that broke off).
+func (w *Worker) watchPool(ctx context.Context) error {
+	lifecycle.Again(ctx, w.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
+		kv, err := w.poolsBucket(ctx)
+		if err != nil {
+			return err
+		}
+		watch, err := kv.Watch(ctx, w.cfg.Pool)
+		if err != nil {
+			return fmt.Errorf("watch pool %s: %w", w.cfg.Pool, err)
+		}
+		defer func() { _ = watch.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case e, ok := <-watch.Updates():
+				if !ok {
+					return errors.New("the watch of the pool's state ended")
+				}
+				if e == nil {
+					continue // the current state was read
+				}
+				if e.Operation() != jetstream.KeyValuePut {
+					w.setPool(&job.PoolState{Pool: w.cfg.Pool})
+					continue
+				}
+				var s job.PoolState
+				if err := json.Unmarshal(e.Value(), &s); err != nil {
+					w.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
+					continue
+				}
+				w.setPool(&s)
+			}
+		}
+	})
+	return nil
 }

@@ -198,7 +198,6 @@ type Worker struct {
 	// sealer opens the requests' secrets.
 	journal journal
 	sealer  *queue.Sealer
-	cons    jetstream.Consumer
 	cubs    *nats.Subscription
 	m       metrics
 
@@ -223,10 +222,20 @@ type Worker struct {
 	stopErr    error
 	mu         sync.Mutex
 	running    map[string]*delivery
-	draining   atomic.Bool
+	// byTenant is what the attempts running here hold, by tenant.
+	byTenant map[string]capacity.Holding
+	// qs are the pool's queues; policy its sharing policy, as last read;
+	// usage what each tenant ran here, decayed (see share.go).
+	qs     *queueSet
+	policy atomic.Pointer[job.PoolPolicy]
+	usage  usage
+	// watcher runs watchPool.
+	watcher  lifecycle.Runner
+	draining atomic.Bool
 	// pause is whether the pool is paused, as last read.
-	pause pauseState
-	pools jetstream.KeyValue // the pools bucket, once opened (by watchPause only)
+	pause   pauseState
+	pools   jetstream.KeyValue // the pools bucket, once opened
+	poolsMu sync.Mutex
 }
 
 // New returns a Worker; Start starts it.
@@ -243,7 +252,8 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 		cfg: cfg, nc: nc, js: js, exec: exec, names: cfg.Queue.Names,
 		log:     cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
 		slots:   newSlots(cfg.Slots),
-		running: map[string]*delivery{},
+		running: map[string]*delivery{}, byTenant: map[string]capacity.Holding{},
+		qs: &queueSet{queues: newQueues()},
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
 	if r, ok := exec.(executor.UsageReader); ok && w.cfg.Usage == nil {
@@ -266,11 +276,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.recover(ctx); err != nil {
 		return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 	}
-	cons, err := queue.PoolConsumerV2(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
-	if err != nil {
+	if err := queue.WorkerPoolStream(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err != nil {
 		return err
 	}
-	w.cons = cons
+	if err := w.bindQueues(ctx); err != nil {
+		return err
+	}
 	// Every worker hears every cancel; it acts on those of jobs it runs.
 	w.cubs, err = w.nc.Subscribe(w.names.PoolStops(w.cfg.Pool), w.onCancel)
 	if err != nil {
@@ -280,9 +291,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
 	w.readPause(ctx)
-	// The pause is read every PausePoll (the first read is above).
-	pause := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: w.readPause, Later: true}
-	if err := w.background.Start(ctx, "the watch of the pool's pause", pause); err != nil {
+	// The pool's state is watched, and read again every PausePoll with its
+	// queues (the first read is above).
+	poll := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: func(ctx context.Context) {
+		w.readPause(ctx)
+		w.refreshQueues(ctx)
+	}, Later: true}
+	if err := w.background.Start(ctx, "the reading of the pool's state and queues", poll); err != nil {
+		return err
+	}
+	if err := w.background.Start(ctx, "the watch of the pool's state", lifecycle.Func{StartFunc: func(ctx context.Context) error { return w.watcher.Go(ctx, w.watchPool) }, StopFunc: w.watcher.Stop}); err != nil {
 		return err
 	}
 	if k, ok := w.exec.(executor.DataKeeper); ok {
@@ -357,6 +375,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
 	}
+	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
 	if berr := w.background.Stop(context.WithoutCancel(ctx)); berr != nil {
 		err = errors.Join(err, berr)
@@ -393,13 +412,31 @@ func (w *Worker) Running() int {
 	return len(w.running)
 }
 
+// hold counts h in what tenant runs here (sign 1), or no longer (-1).
+func (w *Worker) hold(tenant string, h capacity.Holding, sign int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byTenant == nil {
+		w.byTenant = map[string]capacity.Holding{}
+	}
+	o := w.byTenant[tenant]
+	o = o.Add(capacity.Holding{Slots: sign * h.Slots, CPUMilli: sign * h.CPUMilli, MemoryBytes: sign * h.MemoryBytes, GPUs: sign * h.GPUs})
+	if o.Slots <= 0 {
+		delete(w.byTenant, tenant)
+		return
+	}
+	w.byTenant[tenant] = o
+}
+
 // Draining reports whether Stop has been called.
 func (w *Worker) Draining() bool { return w.draining.Load() }
 
-// pull asks the pool's consumer for as many messages as there are free
-// slots, and starts an attempt for each message as it arrives. Several
-// fetches may be open at once; together they never ask for more messages
-// than the worker has free slots.
+// pull asks the pool's queues for as many messages as there are free
+// slots, and starts an attempt for each message as it arrives. With one
+// queue, several fetches may be open at once, waiting for jobs; together
+// they never ask for more messages than the worker has free slots. With
+// several, the plan of share.go says how many to take from which, and the
+// loop waits to hear of work when none waits.
 func (w *Worker) pull() {
 	defer w.pulling.Done()
 	maxBatch := min(w.cfg.Slots, 256)
@@ -449,7 +486,25 @@ func (w *Worker) pull() {
 				}
 			}
 		}
-		batch, err := w.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
+		only := w.qs.only()
+		if only == nil {
+			// Several queues, or none yet: pull in the plan's order, or
+			// wait to hear of work.
+			woke := w.pullPlanned(n)
+			<-fetches
+			if !woke {
+				w.slots.release(n)
+				select {
+				case <-w.qs.wake:
+				case <-w.ended.wait():
+				case <-time.After(w.cfg.PausePoll):
+				case <-w.pullCtx.Done():
+					return
+				}
+			}
+			continue
+		}
+		batch, err := only.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
 			w.slots.release(n)
 			<-fetches
@@ -459,10 +514,12 @@ func (w *Worker) pull() {
 			next := wait.NextBackOff()
 			w.log.Warn("fetch failed", "err", err, "again_in", next.Round(time.Millisecond))
 			if gone(err) {
-				// The pool's consumer or stream was deleted (an operator
-				// moving the pool to a stream of its own): bind again.
-				if cons, err := queue.PoolConsumerV2(w.pullCtx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err == nil {
-					w.cons = cons
+				// The queue's consumer or the pool's stream was deleted (an
+				// operator moving the pool to a stream of its own): bind
+				// again.
+				w.qs.forget(only)
+				if err := w.bindQueues(w.pullCtx); err != nil {
+					w.log.Warn("cannot bind to the pool's queues", "err", err)
 				}
 			}
 			if next == backoff.Stop {

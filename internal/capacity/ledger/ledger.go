@@ -66,8 +66,8 @@ type Ledger struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.Mutex
-	leases  map[key]capacity.Lease
+	mu     sync.Mutex
+	leases map[key]capacity.Lease
 	// accrued is, per lease, until when its run time was counted in its
 	// tenant's usage.
 	accrued map[key]time.Time

@@ -1,0 +1,275 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// The worker's side of a pool's queues: binding to them, learning what
+// waits on them, and hearing of new work (see share.go for the order).
+//
+// A worker lists its pool's queues when it starts and every PausePoll.
+// With one queue it does what a FIFO worker does: its pull requests wait
+// on the queue's consumer. With several, it subscribes to the live copies
+// of the versions that queue jobs (a message each, which the stream
+// publishes once stored), so that it knows which queues have work without
+// asking, and pulls from them in the plan's order.
+
+// queueSet is the worker's binding to its pool's queues.
+type queueSet struct {
+	*queues
+	mu   sync.Mutex // binds one queue at a time
+	subs []*nats.Subscription
+}
+
+// bindQueues binds to the queues the pool has.
+func (w *Worker) bindQueues(ctx context.Context) error {
+	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	for k, info := range found {
+		q, err := w.bindQueue(ctx, k)
+		if err != nil {
+			return err
+		}
+		q.pending.Store(int64(info.NumPending))
+		q.unacked.Store(int64(info.NumAckPending))
+	}
+	return w.listen()
+}
+
+// bindQueue binds to one queue, known or not.
+func (w *Worker) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, error) {
+	w.qs.mu.Lock()
+	defer w.qs.mu.Unlock()
+	if q := w.qs.get(k); q != nil {
+		return q, nil
+	}
+	cons, err := queue.BindQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, k)
+	if err != nil {
+		return nil, err
+	}
+	q := &workQueue{key: k, cons: cons}
+	w.qs.add(q)
+	w.log.Debug("bound to queue", "tenant", k.Tenant, "priority", k.Priority)
+	return q, nil
+}
+
+// listen subscribes to the live copies of queued versions once the pool
+// has other than one queue.
+func (w *Worker) listen() error {
+	w.qs.mu.Lock()
+	defer w.qs.mu.Unlock()
+	if w.qs.subs != nil || w.qs.only() != nil {
+		return nil
+	}
+	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
+		sub, err := w.nc.Subscribe(w.names.PoolQueuedLive(w.cfg.Pool, p), w.onQueued)
+		if err != nil {
+			return err
+		}
+		w.qs.subs = append(w.qs.subs, sub)
+	}
+	return nil
+}
+
+// onQueued hears that a job was queued.
+func (w *Worker) onQueued(m *nats.Msg) {
+	kind, k, ok := w.names.ParseJobLive(m.Subject)
+	if !ok || k.Pool != w.cfg.Pool || len(kind) != 2 {
+		return
+	}
+	p, err := strconv.Atoi(kind[1:])
+	if err != nil || !job.ValidTenant(k.Tenant) {
+		return
+	}
+	key := queue.QueueKey{Priority: p, Tenant: k.Tenant}
+	if q := w.qs.get(key); q != nil {
+		w.qs.ring(q)
+		return
+	}
+	// A queue new to this worker: bind to it beside the callbacks.
+	go func() {
+		ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
+		defer cancel()
+		q, err := w.bindQueue(ctx, key)
+		if err != nil {
+			w.log.Warn("cannot bind to a new queue; the next listing tries again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
+			return
+		}
+		w.qs.ring(q)
+	}()
+}
+
+// refreshQueues lists the pool's queues again: new ones, and what waits
+// on each by their consumers' count.
+func (w *Worker) refreshQueues(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.PausePoll, time.Second))
+	defer cancel()
+	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	if err != nil {
+		w.log.Debug("cannot list the pool's queues; keeping what was known", "err", err)
+		return
+	}
+	woke := false
+	for k, info := range found {
+		q, err := w.bindQueue(ctx, k)
+		if err != nil {
+			w.log.Warn("cannot bind to a queue", "tenant", k.Tenant, "priority", k.Priority, "err", err)
+			continue
+		}
+		q.pending.Store(int64(info.NumPending))
+		q.unacked.Store(int64(info.NumAckPending))
+		woke = woke || info.NumPending > 0 || info.NumAckPending > 0
+	}
+	if err := w.listen(); err != nil {
+		w.log.Warn("cannot listen for queued jobs", "err", err)
+	}
+	if woke {
+		select {
+		case w.qs.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// unlisten ends the subscriptions of listen.
+func (w *Worker) unlisten() {
+	w.qs.mu.Lock()
+	defer w.qs.mu.Unlock()
+	for _, s := range w.qs.subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+// tenantView tells the plan what a tenant runs in the pool, its decayed
+// usage, and whether its quota is full.
+func (w *Worker) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, now time.Time) func(string) tenantView {
+	hl := policy.HalfLifeOr()
+	w.mu.Lock()
+	own := make(map[string]capacity.Holding, len(w.byTenant))
+	for t, h := range w.byTenant {
+		own[t] = h
+	}
+	w.mu.Unlock()
+	return func(t string) tenantView {
+		h := own[t]
+		var u float64
+		if shares != nil && !shares.At.IsZero() {
+			o := shares.Tenants[t]
+			h = h.Add(o.Others)
+			u = usageSlots(decay(o.Usage, now.Sub(shares.At), hl), hl)
+		} else {
+			u = w.usage.slots(t, hl, now)
+		}
+		v := tenantView{load: dominant(h, shares, w.cfg.Slots) + u}
+		if q := policy.Quota(t); !q.Unbounded() {
+			// Full: no job fits. (A GPU quota full still lets the tenant's
+			// jobs without GPUs run: Redis refuses the others.)
+			v.blocked = (q.Slots >= 0 && h.Slots >= q.Slots) ||
+				(q.CPUMilli >= 0 && h.CPUMilli >= q.CPUMilli) || (q.MemoryBytes >= 0 && h.MemoryBytes >= q.MemoryBytes)
+		}
+		return v
+	}
+}
+
+// dominant is what h holds in slots, or in the resource of which it holds
+// the largest share of the pool, expressed as slots.
+func dominant(h capacity.Holding, s *capacity.Shares, ownSlots int) float64 {
+	load := float64(h.Slots)
+	if s == nil || s.Slots <= 0 {
+		return load
+	}
+	slots := float64(s.Slots)
+	if s.CPUMilli > 0 {
+		load = max(load, float64(h.CPUMilli)/float64(s.CPUMilli)*slots)
+	}
+	if s.MemoryBytes > 0 {
+		load = max(load, float64(h.MemoryBytes)/float64(s.MemoryBytes)*slots)
+	}
+	if s.GPUs > 0 {
+		load = max(load, float64(h.GPUs)/float64(s.GPUs)*slots)
+	}
+	return load
+}
+
+// pullPlanned pulls n jobs in the plan's order, from a pool with several
+// queues. It reports whether it pulled anything; when it did not, the
+// slots are given back and the loop waits for news.
+func (w *Worker) pullPlanned(n int) bool {
+	policy := w.policy.Load()
+	var shares *capacity.Shares
+	if s, ok := w.cfg.Capacity.(capacity.Sharer); ok {
+		sh := s.Shares()
+		shares = &sh
+	}
+	now := time.Now()
+	if policy != nil && shares != nil && policy.MaxRunning > 0 && shares.Used+int64(w.Running()) >= int64(policy.MaxRunning) {
+		return false
+	}
+	plan := w.qs.plan(n, policy, w.tenantView(policy, shares, now), w.cfg.PausePoll, now)
+	if len(plan) == 0 {
+		return false
+	}
+	asked := 0
+	for _, t := range plan {
+		asked += t.n
+	}
+	w.slots.release(n - asked)
+	var wg sync.WaitGroup
+	for _, t := range plan {
+		wg.Add(1)
+		w.pulling.Add(1)
+		go func() {
+			defer w.pulling.Done()
+			defer wg.Done()
+			w.pullFrom(t)
+		}()
+	}
+	wg.Wait()
+	return true
+}
+
+// pullFrom pulls what is waiting on one queue, at most t.n jobs, without
+// waiting for more.
+func (w *Worker) pullFrom(t take) {
+	start := time.Now().UnixNano()
+	used := 0
+	defer func() { w.slots.release(t.n - used) }()
+	batch, err := t.q.cons.FetchNoWait(t.n)
+	if err != nil {
+		w.log.Debug("pull from queue failed", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+		return
+	}
+	last := int64(-1)
+	for msg := range batch.Messages() {
+		used++
+		if md, err := msg.Metadata(); err == nil {
+			last = int64(md.NumPending)
+		}
+		w.attempts.Add(1)
+		w.deliveries <- msg
+	}
+	switch {
+	case last >= 0 && t.q.rung.Load() < start:
+		t.q.pending.Store(last)
+	case used < t.n && t.q.rung.Load() < start:
+		t.q.pending.Store(0)
+	default:
+		t.q.pending.Add(-int64(used))
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+		w.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+	}
+}

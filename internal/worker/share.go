@@ -1,0 +1,272 @@
+package worker
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// How a worker shares its slots between the queues of its pool.
+//
+// A pool has one queue per tenant and priority (a durable consumer of the
+// pool's stream, queue.QueueConsumer). When its slots free, the worker
+// plans which queues to pull from:
+//
+//   - by priority first: no slot goes to a queue of priority p while a
+//     queue of a higher priority (a smaller number) has jobs waiting;
+//   - within a priority, one slot at a time to the tenant whose share
+//     would be the smallest after taking it: (running + usage + 1) /
+//     weight, where running is what the tenant runs in the whole pool (its
+//     attempts here, and on the other workers as Redis last told), in
+//     slots or, when it holds more of the pool's CPU, memory or GPUs than
+//     of its slots, in that dominant resource expressed as slots; usage is
+//     what it ran before, decayed over the pool's half-life, as the average
+//     slots it held over the last half-life; weight is the policy's;
+//   - a tenant at its quota, and every tenant when the pool runs its
+//     max_running, gets no slot (Redis enforces both, atomically, when the
+//     lease is taken; the plan only avoids asking for what would be
+//     refused).
+//
+// Every worker plans its own slots the same way from the same queues, so
+// the pool's slots follow the weights without a scheduler of their own.
+// Its bounds: a tenant's running count from the other workers is as old as
+// the last lease batch that touched the tenant (milliseconds under load, a
+// heartbeat at most), and a queue's waiting count is what its consumer
+// said when the worker last pulled from it, plus what the worker heard
+// queued since.
+
+// workQueue is what a worker knows of one queue of its pool.
+type workQueue struct {
+	key  queue.QueueKey
+	cons jetstream.Consumer
+	// pending is how many of its jobs wait, as last learned: from the
+	// metadata of the last message pulled, a live copy heard, or the
+	// consumer's info.
+	pending atomic.Int64
+	// unacked is what its consumer had delivered and not yet acknowledged
+	// at the last refresh: some may be waiting to be delivered again (a
+	// retry's backoff, a not_before), which pending does not count.
+	unacked atomic.Int64
+	// rung is when a live copy last said a job was queued (unix ns).
+	rung atomic.Int64
+	// probed is when it was last pulled from with nothing known waiting.
+	probed time.Time
+}
+
+// queues are the queues of a worker's pool.
+type queues struct {
+	mu   sync.Mutex
+	list []*workQueue // by priority, then tenant
+	// wake has a value when a queue was heard to get a job.
+	wake chan struct{}
+}
+
+func newQueues() *queues { return &queues{wake: make(chan struct{}, 1)} }
+
+func (qs *queues) get(k queue.QueueKey) *workQueue {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	for _, q := range qs.list {
+		if q.key == k {
+			return q
+		}
+	}
+	return nil
+}
+
+// add notes a queue; false when it was known.
+func (qs *queues) add(q *workQueue) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	for _, o := range qs.list {
+		if o.key == q.key {
+			return false
+		}
+	}
+	qs.list = append(qs.list, q)
+	slices.SortFunc(qs.list, func(a, b *workQueue) int {
+		return cmp.Or(cmp.Compare(a.key.Priority, b.key.Priority), cmp.Compare(a.key.Tenant, b.key.Tenant))
+	})
+	return true
+}
+
+// forget drops a queue whose consumer is gone.
+func (qs *queues) forget(q *workQueue) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	qs.list = slices.DeleteFunc(qs.list, func(o *workQueue) bool { return o == q })
+}
+
+// only returns the pool's one queue, or nil when it has none or several.
+func (qs *queues) only() *workQueue {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if len(qs.list) == 1 {
+		return qs.list[0]
+	}
+	return nil
+}
+
+func (qs *queues) all() []*workQueue {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return slices.Clone(qs.list)
+}
+
+// ring notes a job heard queued on q, and wakes the pull loop.
+func (qs *queues) ring(q *workQueue) {
+	q.pending.Add(1)
+	q.rung.Store(time.Now().UnixNano())
+	select {
+	case qs.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take is a part of a plan: pull n jobs from q.
+type take struct {
+	q *workQueue
+	n int
+}
+
+// tenantView is what a plan knows of a tenant.
+type tenantView struct {
+	// load is its running work and decayed usage, in slots.
+	load float64
+	// blocked is true when it may start nothing now (its quota is full).
+	blocked bool
+}
+
+// plan divides n free slots between the queues (see the top of the file).
+// view tells of a tenant; probeAfter is how long a queue with nothing
+// known waiting but deliveries not acknowledged is left before a plan
+// pulls one job from it, to find a retry whose time has come.
+func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) tenantView, probeAfter time.Duration, now time.Time) []take {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	var plan []take
+	views := map[string]*tenantView{}
+	viewOf := func(t string) *tenantView {
+		v, ok := views[t]
+		if !ok {
+			tv := view(t)
+			v = &tv
+			views[t] = v
+		}
+		return v
+	}
+	for i := 0; i < len(qs.list) && n > 0; {
+		// The queues of one priority: qs.list[i:j].
+		j := i
+		for j < len(qs.list) && qs.list[j].key.Priority == qs.list[i].key.Priority {
+			j++
+		}
+		avail := make([]int64, j-i)
+		for k := i; k < j; k++ {
+			if v := viewOf(qs.list[k].key.Tenant); !v.blocked {
+				avail[k-i] = max(qs.list[k].pending.Load(), 0)
+			}
+		}
+		asked := make([]int, j-i)
+		for n > 0 {
+			best, bestScore := -1, math.Inf(1)
+			for k := range avail {
+				if avail[k] == 0 {
+					continue
+				}
+				t := qs.list[i+k].key.Tenant
+				s := (viewOf(t).load + 1) / policy.Weight(t)
+				if s < bestScore {
+					best, bestScore = k, s
+				}
+			}
+			if best < 0 {
+				break
+			}
+			avail[best]--
+			asked[best]++
+			viewOf(qs.list[i+best].key.Tenant).load++
+			n--
+		}
+		for k, a := range asked {
+			if a > 0 {
+				plan = append(plan, take{q: qs.list[i+k], n: a})
+			}
+		}
+		i = j
+	}
+	// What is left looks for jobs delivered before and due again.
+	for _, q := range qs.list {
+		if n == 0 {
+			break
+		}
+		if q.pending.Load() <= 0 && q.unacked.Load() > 0 && now.Sub(q.probed) >= probeAfter && !viewOf(q.key.Tenant).blocked {
+			q.probed = now
+			plan = append(plan, take{q: q, n: 1})
+			n--
+		}
+	}
+	return plan
+}
+
+// usage is what the tenants ran on this worker, decayed: the worker's
+// own account, for a pool without Redis.
+type usage struct {
+	mu  sync.Mutex
+	use map[string]decayed
+}
+
+type decayed struct {
+	slotSeconds float64
+	at          time.Time
+}
+
+// add counts a slot held for d by tenant, ended at now.
+func (u *usage) add(tenant string, d time.Duration, halfLife time.Duration, now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.use == nil {
+		u.use = map[string]decayed{}
+	}
+	v := u.use[tenant]
+	v.slotSeconds = decay(v.slotSeconds, now.Sub(v.at), halfLife) + d.Seconds()
+	v.at = now
+	u.use[tenant] = v
+}
+
+// slots returns a tenant's usage as the average slots it held over the
+// last half-life.
+func (u *usage) slots(tenant string, halfLife time.Duration, now time.Time) float64 {
+	u.mu.Lock()
+	v, ok := u.use[tenant]
+	u.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	return usageSlots(decay(v.slotSeconds, now.Sub(v.at), halfLife)*1000, halfLife)
+}
+
+// usageSlots converts decayed usage in slot-milliseconds to the average
+// slots held over the last half-life: a tenant that held k slots for a
+// long time has usage k·H/ln 2.
+func usageSlots(slotMillis float64, halfLife time.Duration) float64 {
+	if halfLife <= 0 {
+		return 0
+	}
+	return slotMillis * math.Ln2 / float64(halfLife.Milliseconds())
+}
+
+func decay(v float64, d, halfLife time.Duration) float64 {
+	if d <= 0 || halfLife <= 0 {
+		return v
+	}
+	return v * math.Pow(2, -float64(d)/float64(halfLife))
+}
