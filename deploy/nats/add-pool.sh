@@ -5,7 +5,7 @@
 #
 # It copies the block of pool "default" (between "# BEGIN WORKER POOL
 # default" and "# END WORKER POOL default") with the pool's name in place of
-# default's (its stream FLEET_POOL_<pool>, consumer jobs-<pool>, subjects
+# default's (its stream FLEET_POOL_<pool>, its queues' consumers, subjects
 # fleet.p.<pool>.*, fleet.t.*.ev.<pool>.*, fleet.dlq.<pool>.*,
 # fleet.stop.<pool>.*, its bucket fleet-artifacts-<pool>, its inbox and its
 # key variable) above the "# END WORKER POOLS" line; and the lines that keep
@@ -46,10 +46,12 @@ done
 
 var=$(printf '%s' "$pool" | tr 'a-z-' 'A-Z_')
 # copy BEGIN END: the lines from BEGIN to END, pool default's name replaced
-# by the new pool's (every "default" in the block is the pool's name).
+# by the new pool's (every "default" in the block is the pool's name, but
+# in q<priority>-default, the queues of tenant default).
 copy() {
 	sed -n "/^[[:space:]]*$1 default\$/,/^[[:space:]]*$2 default\$/p" "$conf" |
-		sed -e "s/FLEET_NKEY_WORKER_DEFAULT\$/FLEET_NKEY_WORKER_$var/" -e "s/default/$pool/g"
+		sed -e "s/FLEET_NKEY_WORKER_DEFAULT\$/FLEET_NKEY_WORKER_$var/" -e 's/\.q\([1-5]\)-default/.q\1-@TENANT@/g' \
+			-e "s/default/$pool/g" -e 's/@TENANT@/default/g'
 }
 workers=$(copy '# BEGIN WORKER POOL' '# END WORKER POOL')
 consumers=$(copy '# BEGIN POOL CONSUMERS' '# END POOL CONSUMERS')

@@ -28,8 +28,10 @@ func (d *Dispatcher) shares(ctx context.Context, pool string, policy *job.PoolPo
 		s, ok := by[t]
 		if !ok {
 			s = &job.TenantShare{Tenant: t, Weight: policy.Weight(t)}
-			if q, ok := policy.Quotas[t]; ok && policy != nil {
-				s.Quota = &q
+			if policy != nil {
+				if q, ok := policy.Quotas[t]; ok {
+					s.Quota = &q
+				}
 			}
 			by[t] = s
 		}

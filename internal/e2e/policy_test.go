@@ -336,7 +336,8 @@ func TestNotBefore(t *testing.T) {
 // the pause times out.
 func TestPausedPoolStartsNothing(t *testing.T) {
 	f := fleettest.Start(t)
-	f.Worker(t, processExec(t), worker.Config{Pool: "paused", Slots: 4, PausePoll: 200 * time.Millisecond})
+	// The reads every PausePoll are a fallback: the worker watches.
+	f.Worker(t, processExec(t), worker.Config{Pool: "paused", Slots: 4, PausePoll: time.Hour})
 	ctx := context.Background()
 
 	running := f.Submit(t, &job.Request{ID: "pause-running", Pool: "paused", Command: []string{"sleep", "2"}})
@@ -351,13 +352,15 @@ func TestPausedPoolStartsNothing(t *testing.T) {
 	if s, err := f.Client.Pool(ctx, "paused"); err != nil || !s.Paused {
 		t.Fatalf("pool show: %+v, %v", s, err)
 	}
-	time.Sleep(time.Second) // the worker reads it within 200 ms
-
+	// Every job submitted once the pause has answered waits: the first at
+	// once, the others over a few seconds.
 	pausedAt := time.Now()
 	var ids []string
 	for i := range 6 {
 		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("pause-%d", i), Pool: "paused", Command: []string{"true"}}))
-		time.Sleep(500 * time.Millisecond)
+		if i > 0 {
+			time.Sleep(500 * time.Millisecond)
+		}
 	}
 	short := f.Submit(t, &job.Request{ID: "pause-short-queue-timeout", Pool: "paused", Command: []string{"true"},
 		QueueTimeout: dur(2 * time.Second)})

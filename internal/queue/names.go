@@ -375,12 +375,12 @@ func (n Names) ParseQueueConsumer(name string) (p int, tenant string, ok bool) {
 
 // PoolQueue matches the jobs one tenant queued in a pool at priority p.
 func (n Names) PoolQueue(pool string, p int, tenant string) string {
-	return n.prefix() + ".p." + pool + "." + KindQueued(p) + "." + tenant + ".*"
+	return n.prefix() + ".p." + pool + "." + KindQueued(p) + "." + tenant + ".>" // ids may hold dots
 }
 
 // PoolQueuedLive matches the republished copies of the versions that queue
 // a pool's jobs at priority p, of every tenant: a worker that pulls from
 // several queues hears of new work on them.
 func (n Names) PoolQueuedLive(pool string, p int) string {
-	return n.prefix() + ".t.*.job." + pool + "." + KindQueued(p) + ".*"
+	return n.prefix() + ".t.*.job." + pool + "." + KindQueued(p) + ".>"
 }

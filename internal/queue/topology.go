@@ -429,22 +429,26 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool str
 	c = c.WithDefaults()
 	stream := c.Names.PoolStreamV2(pool)
 	name := c.Names.QueueConsumer(q.Priority, q.Tenant)
-	if _, err := js.Consumer(ctx, stream, name); err == nil {
-		return nil
-	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	cc := c.QueueConsumer(pool, q)
+	// One listing says whether the queue exists, and the ack wait the
+	// pool's workers gave their queues.
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
 		return fmt.Errorf("queue %s of pool %s: %w", name, pool, err)
 	}
-	cc := c.QueueConsumer(pool, q)
-	// Take the ack wait the pool's workers gave their queues.
-	if st, err := js.Stream(ctx, stream); err == nil {
-		lister := st.ListConsumers(ctx)
-		for info := range lister.Info() {
-			if _, _, ok := c.Names.ParseQueueConsumer(info.Name); ok {
-				cc.AckWait = info.Config.AckWait
-			}
+	lister := st.ListConsumers(ctx)
+	for info := range lister.Info() {
+		if info.Name == name {
+			return nil
+		}
+		if _, _, ok := c.Names.ParseQueueConsumer(info.Name); ok {
+			cc.AckWait = info.Config.AckWait
 		}
 	}
-	_, err := js.CreateConsumer(ctx, stream, cc)
+	if err := lister.Err(); err != nil {
+		return fmt.Errorf("queue %s of pool %s: %w", name, pool, err)
+	}
+	_, err = js.CreateConsumer(ctx, stream, cc)
 	if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
 		return fmt.Errorf("create queue %s of pool %s: %w", name, pool, err)
 	}

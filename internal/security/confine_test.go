@@ -236,6 +236,9 @@ func TestRolesAreConfined(t *testing.T) {
 		{"a default worker purges gpu's outputs", work, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-artifacts-gpu", nil},
 		{"a default worker deletes gpu's bucket", work, "req", "$JS.API.STREAM.DELETE.OBJ_fleet-artifacts-gpu", nil},
 		{"a default worker pulls gpu's jobs", work, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"a default worker pulls a queue of gpu", work, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.q1-acme", pull},
+		{"a default worker makes a queue of gpu", work, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.q1-acme.fleet.p.gpu.q1.acme.>", nil},
+		{"a default worker hears what is queued in gpu", work, "sub", "fleet.t.acme.job.gpu.q1.>", nil},
 		{"a default worker reads gpu's records", work, "req", "$JS.API.DIRECT.GET.FLEET_POOL_gpu", lastOf("fleet.p.gpu.>")},
 		{"a default worker acknowledges gpu's messages", work, "pub", "$JS.ACK.FLEET_POOL_gpu.jobs-gpu.1.1.1.1.1", "+ACK"},
 		{"a default worker hears gpu's stop notices", work, "sub", "fleet.stop.gpu.>", nil},
@@ -283,6 +286,8 @@ func TestRolesAreConfined(t *testing.T) {
 		{"acme purges default's uploads", acme, "req", "$JS.API.STREAM.PURGE.OBJ_fleet-uploads-default", nil},
 		{"acme asks for default's uploads bucket", acme, "req", "fleet.t.default.uploads", nil},
 		{"acme pulls a pool's jobs", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"acme pulls its own queue", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.q3-acme", pull},
+		{"acme makes a queue", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.q1-acme.fleet.p.gpu.q1.acme.>", nil},
 		{"acme pulls the stored submissions", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_INTAKE.dispatcher", pull},
 		{"acme reads the dead letters", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_DLQ.peek.fleet.dlq.>", nil},
 		{"acme forges its own job's record", acme, "pub", "fleet.p.gpu.r.acme.forged", rec},
@@ -307,6 +312,7 @@ func TestRolesAreConfined(t *testing.T) {
 
 		// The dispatcher takes no jobs and stores no files.
 		{"the dispatcher pulls a pool's jobs", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
+		{"the dispatcher pulls tenant default's queue", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.q3-default", pull},
 		{"the dispatcher changes a pool's consumer", f.disp, "req", "$JS.API.CONSUMER.CREATE.FLEET_POOL_gpu.jobs-gpu.fleet.p.gpu.>", nil},
 		{"the dispatcher deletes a pool's consumer", f.disp, "req", "$JS.API.CONSUMER.DELETE.FLEET_POOL_gpu.jobs-gpu", nil},
 		{"the dispatcher deletes a stream", f.disp, "req", "$JS.API.STREAM.DELETE.FLEET_POOL_gpu", nil},

@@ -81,7 +81,8 @@ func (w *Worker) listen() error {
 		}
 		w.qs.subs = append(w.qs.subs, sub)
 	}
-	return nil
+	// Jobs queued from now on are heard.
+	return w.nc.Flush()
 }
 
 // onQueued hears that a job was queued.
