@@ -239,7 +239,7 @@ func run(args []string) error {
 	var cons *console.Console
 	if f.console {
 		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, History: d.History, Status: d.Status,
-			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag, Schedules: d.AllSchedules, PauseSchedule: d.PauseSchedule,
+			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag, Schedules: d.AllSchedules, PauseSchedule: d.PauseSchedule, Pools: d.AllPools,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}
 		if auth != nil {

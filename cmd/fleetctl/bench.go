@@ -36,6 +36,7 @@ func init() {
 			fs.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is reported per job")
 			fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
 			fs.IntVar(&o.window, "window", 20000, "most jobs in flight at once")
+			fs.IntVar(&o.tenants, "tenants", 1, "spread the jobs over this many tenants, bench-t0, bench-t1, … in turn (1: the client's own; an open fleet)")
 			fs.StringVar(&o.metrics, "metrics", "", "a worker's /metrics URL: report its Redis round trips per job")
 			fs.BoolVar(&o.stored, "stored", false, "publish on the intake subject, kept by its stream (fire and forget), instead of requests on the submit subject")
 		},
@@ -47,6 +48,7 @@ func init() {
 
 type benchOpts struct {
 	jobs, rate, window int
+	tenants            int
 	stored             bool
 	pool, command      string
 	image              string
@@ -109,7 +111,11 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	// as JetStream stores it. The start of the job comes from the result's
 	// started_at (the same machine's clock), so the bench need not also
 	// take every other record.
-	resSub, err := nc.Subscribe(names.JobLive(e.tenant, "*", queue.KindResult, ">"), func(m *nats.Msg) {
+	resTenant := e.tenant
+	if o.tenants > 1 {
+		resTenant = "*"
+	}
+	resSub, err := nc.Subscribe(names.JobLive(resTenant, "*", queue.KindResult, ">"), func(m *nats.Msg) {
 		at := time.Now()
 		i := index(m.Subject)
 		if i < 0 {
@@ -150,10 +156,21 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 	inbox := nc.NewRespInbox()
 	var refused int
 	bodies := make([][]byte, n)
-	subject := names.SubmitV2(e.tenant)
+	subjects := []string{names.SubmitV2(e.tenant)}
 	if o.stored {
-		subject = names.Intake(e.tenant)
+		subjects = []string{names.Intake(e.tenant)}
 	}
+	if o.tenants > 1 {
+		subjects = subjects[:0]
+		for t := range o.tenants {
+			if o.stored {
+				subjects = append(subjects, names.Intake(fmt.Sprintf("bench-t%d", t)))
+			} else {
+				subjects = append(subjects, names.SubmitV2(fmt.Sprintf("bench-t%d", t)))
+			}
+		}
+	}
+	subject := subjects[0]
 	ansSub, err := nc.Subscribe(inbox+".>", func(m *nats.Msg) {
 		if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
 			// Busy, or no dispatcher answering: send it again, as a
@@ -163,7 +180,7 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 				mu.Lock()
 				body := bodies[i]
 				mu.Unlock()
-				time.AfterFunc(10*time.Millisecond, func() { _ = nc.PublishRequest(subject, m.Subject, body) })
+				time.AfterFunc(10*time.Millisecond, func() { _ = nc.PublishRequest(subjects[i%len(subjects)], m.Subject, body) })
 			}
 			return
 		}
@@ -193,6 +210,9 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 		req.Image, req.PullPolicy = o.image, job.PullNever
 	}
 	fmt.Fprintf(e.stderr, "bench: %d jobs on pool %s, submitted on %s", n, o.pool, subject)
+	if len(subjects) > 1 {
+		fmt.Fprintf(e.stderr, " and %d other tenants'", len(subjects)-1)
+	}
 	if o.rate > 0 {
 		fmt.Fprintf(e.stderr, " at %d/s", o.rate)
 	}
@@ -216,10 +236,10 @@ func bench(ctx context.Context, e *env, o benchOpts) error {
 		bodies[i], sent[i] = data, time.Now()
 		mu.Unlock()
 		var err error
-		if o.stored {
-			err = nc.Publish(subject, data)
+		if subj := subjects[i%len(subjects)]; o.stored {
+			err = nc.Publish(subj, data)
 		} else {
-			err = nc.PublishRequest(subject, inbox+"."+strconv.Itoa(i), data)
+			err = nc.PublishRequest(subj, inbox+"."+strconv.Itoa(i), data)
 		}
 		if err != nil {
 			return fmt.Errorf("publish: %w", err)

@@ -59,7 +59,7 @@ func startSite(t *testing.T, o siteOptions) *site {
 	d := s.f.Dispatcher
 	lag := d.Lag
 	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, History: d.History, Status: d.Status, Cancel: d.Cancel,
-		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly, PauseSchedule: d.PauseSchedule,
+		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly, PauseSchedule: d.PauseSchedule, Pools: d.AllPools,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
 	cfg.Schedules = func(ctx context.Context) (*job.ScheduleList, error) {

@@ -60,6 +60,9 @@ type Config struct {
 	// (the dispatcher's AllSchedules), for the schedules page. Optional:
 	// without it the page says schedules are off.
 	Schedules func(ctx context.Context) (*job.ScheduleList, error)
+	// Pools returns every pool's state and how its tenants fare (the
+	// dispatcher's AllPools), for the pools page. Optional.
+	Pools func(ctx context.Context) ([]*job.PoolState, error)
 	// PauseSchedule pauses, or with paused false resumes, a tenant's
 	// schedule (the dispatcher's PauseSchedule).
 	PauseSchedule func(ctx context.Context, tenant, name string, paused bool) (*job.ScheduleInfo, error)
@@ -96,7 +99,8 @@ type Console struct {
 	feed  *feed
 	work  *workers
 	dead  *deadLetters
-	sched *schedules
+	sched *snapshot[*job.ScheduleList]
+	pools *snapshot[[]*job.PoolState]
 	mux   *http.ServeMux
 	pages *pages
 	m     consoleMetrics
@@ -133,7 +137,8 @@ func New(cfg Config) (*Console, error) {
 	c.feed = newFeed(cfg.JS, c.names, c.index, c.log)
 	c.work = &workers{caps: cfg.Capacity, every: cfg.WorkersEvery, log: c.log}
 	c.dead = &deadLetters{max: 5000}
-	c.sched = &schedules{read: cfg.Schedules}
+	c.sched = &snapshot[*job.ScheduleList]{what: "the schedules", read: cfg.Schedules}
+	c.pools = &snapshot[[]*job.PoolState]{what: "the pools", read: cfg.Pools}
 	c.m = newConsoleMetrics(c)
 	c.routes()
 	return c, nil

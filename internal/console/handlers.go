@@ -49,6 +49,7 @@ func (c *Console) routes() {
 	m.Handle("GET /ui/workers", c.page("workers", "Workers", c.workersPage))
 	m.Handle("GET /ui/dlq", c.page("dlq", "Dead letters", c.dlqPage))
 	m.Handle("GET /ui/schedules", c.page("schedules", "Schedules", c.schedulesPage))
+	m.Handle("GET /ui/pools", c.page("pools", "Pools", c.poolsPage))
 	m.Handle("GET /ui/stream", c.guard(c.stream))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/cancel", c.action(c.cancel))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/retry", c.action(c.retryOne))

@@ -65,6 +65,7 @@ var funcs = template.FuncMap{
 	"rangeKeys":  func() []string { return []string{"15m", "1h", "6h", "24h", "7d"} },
 	"deref64":    func(p *int64) int64 { return *p },
 	"add":        func(a, b int) int { return a + b },
+	"percent":    func(f float64) float64 { return 100 * f },
 	"runningPath": func(r job.RunningAttempt, pool string) string {
 		return jobPath(queue.JobKey{Tenant: cmp.Or(r.Tenant, job.DefaultTenant), Pool: pool, ID: r.JobID})
 	},

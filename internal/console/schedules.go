@@ -2,17 +2,14 @@ package console
 
 // The schedules page: every tenant's schedules, read through the
 // dispatcher (Config.Schedules) at most once a second whatever the number
-// of open pages, with their last firings' jobs as the index holds them,
+// of open pages (see snapshot.go), with their last firings' jobs as the index holds them,
 // and pause and resume as the schedule's tenant.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -21,60 +18,6 @@ import (
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
-
-// schedulesEvery is how long a read of the schedules is shown before the
-// next page or update reads them again.
-const schedulesEvery = time.Second
-
-// schedules is the last read of the schedules, shared by every page.
-type schedules struct {
-	read func(ctx context.Context) (*job.ScheduleList, error)
-
-	mu      sync.Mutex // held while reading: one read at a time
-	list    *job.ScheduleList
-	at      time.Time
-	err     error
-	raw     []byte // the list as read, to tell a change
-	version uint64
-}
-
-// get returns the schedules as last read, reading them again when that
-// read is older than schedulesEvery; the error is the last read's.
-func (s *schedules) get(ctx context.Context) (*job.ScheduleList, time.Time, uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.read == nil {
-		return nil, time.Time{}, 0, nil
-	}
-	if !s.at.IsZero() && time.Since(s.at) < schedulesEvery {
-		return s.list, s.at, s.version, s.err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	list, err := s.read(ctx)
-	s.at = time.Now()
-	if err != nil {
-		if s.err == nil {
-			s.version++
-		}
-		s.err = fmt.Errorf("read the schedules: %w", err)
-		return s.list, s.at, s.version, s.err
-	}
-	raw, _ := json.Marshal(list)
-	if s.err != nil || !bytes.Equal(raw, s.raw) {
-		s.version++
-	}
-	s.list, s.raw, s.err = list, raw, nil
-	return s.list, s.at, s.version, nil
-}
-
-// changed is the schedules' version, read again if old, for the stream.
-func (s *schedules) changed() uint64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _, v, _ := s.get(ctx)
-	return v
-}
 
 // scheduleRow is one schedule on the page.
 type scheduleRow struct {
@@ -204,12 +147,4 @@ func (c *Console) setPaused(_ http.ResponseWriter, r *http.Request, paused bool)
 	c.sched.forget()
 	msg := fmt.Sprintf("schedule %s of %s: %s", name, tenant, info.Status)
 	return "/ui/schedules?notice=" + url.QueryEscape(msg), nil
-}
-
-// forget makes the next get read the schedules again, so that the page an
-// action leads to shows what it did.
-func (s *schedules) forget() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.at = time.Time{}
 }

@@ -53,6 +53,9 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 	case "schedules":
 		build = c.schedulesPage
 		changed = func() uint64 { return c.sched.changed() + c.index.Version() }
+	case "pools":
+		build = c.poolsPage
+		changed = c.pools.changed
 	case "job":
 		k, err := jobKey(q.Get)
 		if err != nil {
@@ -73,7 +76,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		}
 		changed = fl.changed
 	default:
-		http.Error(w, "page: one of overview, jobs, job, workers, dlq, schedules", http.StatusBadRequest)
+		http.Error(w, "page: one of overview, jobs, job, workers, dlq, schedules, pools", http.StatusBadRequest)
 		return
 	}
 	rc := http.NewResponseController(w)

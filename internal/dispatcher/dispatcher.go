@@ -130,6 +130,7 @@ type Dispatcher struct {
 
 	replies *replies
 	pools   sync.Map // pool → true, once its stream is ensured
+	queues  sync.Map // queueOf → *poolSetup, once its consumer is ensured
 	uploads sync.Map // tenant → true, once its uploads bucket is ensured
 	// poolNames lists the pools that have a stream, as last listed.
 	poolsMu     sync.Mutex

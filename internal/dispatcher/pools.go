@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -158,4 +160,29 @@ func strictJSON(data []byte, v any) error {
 		return errors.New("more than one JSON value")
 	}
 	return nil
+}
+
+// AllPools returns the state of every pool that has a stream, and how its
+// tenants fare, by name.
+func (d *Dispatcher) AllPools(ctx context.Context) ([]*job.PoolState, error) {
+	names := d.js.StreamNames(ctx, jetstream.WithStreamListSubject(d.names.AllPoolSubjects()))
+	var pools []string
+	for name := range names.Name() {
+		if pool, ok := strings.CutPrefix(name, d.names.PoolStreamV2("")); ok && job.ValidPool(pool) {
+			pools = append(pools, pool)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("list the pools: %w", err)
+	}
+	slices.Sort(pools)
+	out := make([]*job.PoolState, 0, len(pools))
+	for _, pool := range pools {
+		s, err := d.Pool(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

@@ -301,11 +301,12 @@ func (d *Dispatcher) ensurePool(ctx context.Context, pool string) error {
 // consumer before its first job is queued, once per queue in this
 // dispatcher's life.
 func (d *Dispatcher) ensureQueue(ctx context.Context, pool string, q queue.QueueKey) error {
-	v, _ := d.pools.LoadOrStore(pool+"/"+d.names.QueueConsumer(q.Priority, q.Tenant), &poolSetup{})
-	p := v.(*poolSetup)
-	if p.done.Load() {
+	k := queueOf{pool, q}
+	if v, ok := d.queues.Load(k); ok && v.(*poolSetup).done.Load() {
 		return nil
 	}
+	v, _ := d.queues.LoadOrStore(k, &poolSetup{})
+	p := v.(*poolSetup)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done.Load() {
@@ -316,6 +317,12 @@ func (d *Dispatcher) ensureQueue(ctx context.Context, pool string, q queue.Queue
 	}
 	p.done.Store(true)
 	return nil
+}
+
+// queueOf names a queue of a pool.
+type queueOf struct {
+	pool string
+	q    queue.QueueKey
 }
 
 // poolSetup is whether a pool's stream was set up in this dispatcher's life.

@@ -66,12 +66,31 @@ func (w *Worker) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, e
 	return q, nil
 }
 
-// listen subscribes to the live copies of queued versions once the pool
-// has other than one queue.
+// listen subscribes to the live copies of queued versions while the
+// worker needs them to know where work waits, and ends the subscriptions
+// when it does not: with one queue (a FIFO pool costs no copy), and while
+// every queue has a backlog of more than 4 fetches (a saturated worker
+// learns of new queues by its listing every PausePoll). It listens again
+// once a queue has fewer than 2 fetches waiting: as one fetch takes at
+// most Slots jobs, it listens before the queue runs dry.
 func (w *Worker) listen() error {
 	w.qs.mu.Lock()
 	defer w.qs.mu.Unlock()
-	if w.qs.subs != nil || w.qs.only() != nil {
+	need := w.qs.only() == nil
+	if need && w.qs.subs != nil {
+		// Stop while every queue is deep; go on while any is shallow.
+		need = w.qs.lowest() <= int64(4*w.cfg.Slots)
+	} else if need {
+		need = w.qs.lowest() < int64(2*w.cfg.Slots)
+	}
+	if !need {
+		for _, s := range w.qs.subs {
+			_ = s.Unsubscribe()
+		}
+		w.qs.subs = nil
+		return nil
+	}
+	if w.qs.subs != nil {
 		return nil
 	}
 	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
@@ -79,6 +98,7 @@ func (w *Worker) listen() error {
 		if err != nil {
 			return err
 		}
+		_ = sub.SetPendingLimits(-1, -1)
 		w.qs.subs = append(w.qs.subs, sub)
 	}
 	// Jobs queued from now on are heard.
@@ -108,6 +128,9 @@ func (w *Worker) onQueued(m *nats.Msg) {
 		if err != nil {
 			w.log.Warn("cannot bind to a new queue; the next listing tries again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
 			return
+		}
+		if err := w.listen(); err != nil {
+			w.log.Warn("cannot listen for queued jobs", "err", err)
 		}
 		w.qs.ring(q)
 	}()
@@ -209,6 +232,9 @@ func dominant(h capacity.Holding, s *capacity.Shares, ownSlots int) float64 {
 // queues. It reports whether it pulled anything; when it did not, the
 // slots are given back and the loop waits for news.
 func (w *Worker) pullPlanned(n int) bool {
+	if err := w.listen(); err != nil {
+		w.log.Warn("cannot listen for queued jobs", "err", err)
+	}
 	policy := w.policy.Load()
 	var shares *capacity.Shares
 	if s, ok := w.cfg.Capacity.(capacity.Sharer); ok {

@@ -115,6 +115,21 @@ func (qs *queues) only() *workQueue {
 	return nil
 }
 
+// lowest returns the smallest backlog of the queues, as known (0 with
+// none).
+func (qs *queues) lowest() int64 {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if len(qs.list) == 0 {
+		return 0
+	}
+	low := qs.list[0].pending.Load()
+	for _, q := range qs.list[1:] {
+		low = min(low, q.pending.Load())
+	}
+	return low
+}
+
 func (qs *queues) all() []*workQueue {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
