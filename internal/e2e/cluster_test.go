@@ -33,30 +33,9 @@ func clusterJob(id, sleep string) *job.Request {
 // and sent again if the fleet does not know it: the id makes it run once.
 func submitJobs(t *testing.T, c *client.Client, prefix string, n int, sleep string) []string {
 	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
 	var ids []string
 	for i := range n {
-		r := clusterJob(fmt.Sprintf("%s-%d", prefix, i), sleep)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := c.Submit(ctx, r)
-			cancel()
-			if err == nil {
-				break
-			}
-			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, serr := c.Status(sctx, r.ID)
-			scancel()
-			if serr == nil {
-				t.Logf("submit %s: %v; the fleet has it", r.ID, err)
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("submit %s: %v", r.ID, err)
-			}
-			t.Logf("submit %s: %v; again", r.ID, err)
-		}
-		ids = append(ids, r.ID)
+		ids = append(ids, submitReq(t, c, clusterJob(fmt.Sprintf("%s-%d", prefix, i), sleep)))
 	}
 	return ids
 }

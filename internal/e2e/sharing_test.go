@@ -288,7 +288,7 @@ func TestQuotaHoldsAcrossWorkersAndDispatchers(t *testing.T) {
 	rs := redistest.Start(t)
 	caps := openCapacity(t, rs.URL())
 	f := fleettest.Start(t, func(c *dispatcher.Config) { c.Capacity = caps })
-	second, err := dispatcher.New(f.NATS.Connect(t), dispatcher.Config{Queue: f.Queue, Logger: fleettest.Logger(t)})
+	second, err := dispatcher.New(f.NATS.Connect(t), dispatcher.Config{Queue: f.Queue, Capacity: caps, Logger: fleettest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,6 +208,11 @@ func (n Names) Stop(pool, tenant, id string) string {
 // PoolStops matches the stop notices of a pool's jobs.
 func (n Names) PoolStops(pool string) string { return n.prefix() + ".stop." + pool + ".>" }
 
+// PoolQueues is where a dispatcher says it made a new queue of a pool
+// (its consumer's name as the body), so that the pool's workers bind to
+// it at once.
+func (n Names) PoolQueues(pool string) string { return n.prefix() + ".queues." + pool }
+
 // ParseStop reads a stop notice's subject.
 func (n Names) ParseStop(subject string) (pool, tenant, id string, ok bool) {
 	rest, ok := strings.CutPrefix(subject, n.prefix()+".stop.")

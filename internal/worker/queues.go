@@ -105,6 +105,16 @@ func (w *Worker) listen() error {
 	return w.nc.Flush()
 }
 
+// onNewQueue hears from a dispatcher that it made a queue of the pool,
+// for the job it is about to queue there.
+func (w *Worker) onNewQueue(m *nats.Msg) {
+	p, tenant, ok := w.names.ParseQueueConsumer(string(m.Data))
+	if !ok {
+		return
+	}
+	w.heard(queue.QueueKey{Priority: p, Tenant: tenant})
+}
+
 // onQueued hears that a job was queued.
 func (w *Worker) onQueued(m *nats.Msg) {
 	kind, k, ok := w.names.ParseJobLive(m.Subject)
@@ -115,7 +125,11 @@ func (w *Worker) onQueued(m *nats.Msg) {
 	if err != nil || !job.ValidTenant(k.Tenant) {
 		return
 	}
-	key := queue.QueueKey{Priority: p, Tenant: k.Tenant}
+	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant})
+}
+
+// heard notes a job queued on a queue, binding to the queue if it is new.
+func (w *Worker) heard(key queue.QueueKey) {
 	if q := w.qs.get(key); q != nil {
 		w.qs.ring(q)
 		return

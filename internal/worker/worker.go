@@ -199,6 +199,7 @@ type Worker struct {
 	journal journal
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
+	qsub    *nats.Subscription // new queues of the pool
 	m       metrics
 
 	pullCtx  context.Context
@@ -287,9 +288,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to cancels: %w", err)
 	}
+
 	w.settling, w.giveUp = context.WithCancel(context.WithoutCancel(ctx))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
+	if w.qsub, err = w.nc.Subscribe(w.names.PoolQueues(w.cfg.Pool), w.onNewQueue); err != nil {
+		return fmt.Errorf("subscribe to new queues: %w", err)
+	}
 	w.readPause(ctx)
 	// The pool's state is watched, and read again every PausePoll with its
 	// queues (the first read is above).
@@ -374,6 +379,9 @@ func (w *Worker) stop(ctx context.Context) error {
 	w.handlers.Wait()
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
+	}
+	if w.qsub != nil {
+		_ = w.qsub.Unsubscribe()
 	}
 	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
