@@ -25,8 +25,8 @@ import (
 // with one result, run once or, when its attempt was lost with the
 // server, again.
 func TestSharingThroughALeaderFailover(t *testing.T) {
-	// The interval of a production fleet (the default, 3 s, is for a
-	// fleet on one machine); an election here takes 2 to 6 s.
+	// The workers beat every 5 s here (3 s by default): an election on
+	// this machine's cluster takes 2 to 6 s, and the bound is two beats.
 	const heartbeat = 5 * time.Second
 	c, env := clusterWithDispatchers(t)
 	for i := range 2 {

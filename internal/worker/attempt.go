@@ -334,7 +334,9 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 	if act.verb == doRun {
 		w.m.started.Add(ctx, 1, w.m.poolAttrs)
 		if d.first && !d.sub.IsZero() {
-			w.m.wait.Record(ctx, d.started.Sub(d.sub).Seconds(), w.m.poolAttrs)
+			wait := d.started.Sub(d.sub).Seconds()
+			w.m.wait.Record(ctx, wait, w.m.poolAttrs)
+			w.m.tenantWait.Record(ctx, wait, w.m.byTenant(d.key.Tenant, d.priority()))
 		}
 	} else {
 		w.m.adopted.Add(ctx, 1, w.m.poolAttrs)
@@ -404,6 +406,15 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 	}
 	d.lease = &l
 	return action{}, true
+}
+
+// priority is the job's, from its subject's kind (q1 … q5); 3 when not.
+func (d *delivery) priority() int {
+	kind, _, _ := d.w.names.ParsePoolJob(d.msg.Subject())
+	if len(kind) == 2 && kind[0] == 'q' && kind[1] >= '1' && kind[1] <= '5' {
+		return int(kind[1] - '0')
+	}
+	return job.DefaultPriority
 }
 
 // unhold ends what the attempt counts in its tenant's share.

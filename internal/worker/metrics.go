@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -19,7 +20,11 @@ type metrics struct {
 	retries   metric.Int64Counter
 	duration  metric.Float64Histogram
 	wait      metric.Float64Histogram
-	poolAttrs metric.MeasurementOption
+	// tenantWait is wait by tenant and priority, with their sets kept.
+	tenantWait  metric.Float64Histogram
+	tenantAttrs sync.Map // tenantPriority → metric.MeasurementOption
+	pool        attribute.KeyValue
+	poolAttrs   metric.MeasurementOption
 	status    map[job.Status]metric.MeasurementOption
 	class     map[job.FailureClass]metric.MeasurementOption
 }
@@ -38,9 +43,26 @@ func (x *metrics) byClass(c job.FailureClass) metric.MeasurementOption {
 	return x.poolAttrs
 }
 
-func newMetrics(m metric.Meter, w *Worker) metrics {
+type tenantPriority struct {
+	tenant   string
+	priority int
+}
+
+// byTenant is the attribute set of a tenant's jobs at a priority.
+func (x *metrics) byTenant(tenant string, p int) metric.MeasurementOption {
+	k := tenantPriority{tenant, p}
+	if o, ok := x.tenantAttrs.Load(k); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(x.pool, attribute.String("tenant", tenant), attribute.Int("priority", p)))
+	x.tenantAttrs.Store(k, o)
+	return o
+}
+
+func newMetrics(m metric.Meter, w *Worker) *metrics {
 	pool := attribute.String("pool", w.cfg.Pool)
-	x := metrics{
+	x := &metrics{
+		pool:      pool,
 		poolAttrs: metric.WithAttributeSet(attribute.NewSet(pool)),
 		status:    map[job.Status]metric.MeasurementOption{},
 		class:     map[job.FailureClass]metric.MeasurementOption{},
@@ -63,6 +85,9 @@ func newMetrics(m metric.Meter, w *Worker) metrics {
 	x.wait, _ = m.Float64Histogram("fleet.worker.queue.wait", metric.WithUnit("s"),
 		metric.WithDescription("Time from submission to the start of the first attempt"),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300))
+	x.tenantWait, _ = m.Float64Histogram("fleet.tenant.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time from submission to the start of the first attempt, by tenant and priority: how the pool's sharing treats each"),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 1800))
 	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
 	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
 	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))

@@ -200,7 +200,7 @@ type Worker struct {
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
 	qsub    *nats.Subscription // new queues of the pool
-	m       metrics
+	m       *metrics
 
 	pullCtx  context.Context
 	stopPull context.CancelFunc

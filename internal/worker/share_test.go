@@ -1,0 +1,102 @@
+package worker
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// queuesOf makes queues with the given backlogs: "p/tenant" → waiting.
+func queuesOf(backlog map[string]int64) *queues {
+	qs := newQueues()
+	for k, n := range backlog {
+		var p int
+		var t string
+		fmt.Sscanf(k, "%d/%s", &p, &t)
+		q := &workQueue{key: queue.QueueKey{Priority: p, Tenant: t}}
+		q.pending.Store(n)
+		qs.add(q)
+	}
+	return qs
+}
+
+func planned(plan []take) map[string]int {
+	out := map[string]int{}
+	for _, t := range plan {
+		out[fmt.Sprintf("%d/%s", t.q.key.Priority, t.q.key.Tenant)] += t.n
+	}
+	return out
+}
+
+func noLoad(string) tenantView { return tenantView{} }
+
+func TestPlanTakesHigherPrioritiesFirst(t *testing.T) {
+	qs := queuesOf(map[string]int64{"5/a": 100, "1/b": 2, "3/c": 3})
+	got := planned(qs.plan(4, nil, noLoad, time.Second, time.Now()))
+	if fmt.Sprint(got) != "map[1/b:2 3/c:2]" {
+		t.Errorf("plan of 4 slots: %v; want b's two priority-1 jobs, then two of c's priority 3", got)
+	}
+}
+
+func TestPlanSharesByWeightAndLoad(t *testing.T) {
+	qs := queuesOf(map[string]int64{"3/a": 1000, "3/b": 1000})
+	policy := &job.PoolPolicy{Weights: map[string]float64{"a": 1, "b": 3}}
+	if got := planned(qs.plan(4, policy, noLoad, time.Second, time.Now())); got["3/a"] != 1 || got["3/b"] != 3 {
+		t.Errorf("4 free slots, weights 1 and 3: %v", got)
+	}
+	// b already runs 3: the next slot is a's.
+	busy := func(t string) tenantView {
+		if t == "b" {
+			return tenantView{load: 3}
+		}
+		return tenantView{}
+	}
+	if got := planned(qs.plan(1, policy, busy, time.Second, time.Now())); got["3/a"] != 1 {
+		t.Errorf("one free slot, b running 3, a none: %v", got)
+	}
+	// Usage counts as load: a that ran a lot yields its weight's share.
+	used := func(t string) tenantView {
+		if t == "a" {
+			return tenantView{load: 10}
+		}
+		return tenantView{}
+	}
+	if got := planned(qs.plan(8, nil, used, time.Second, time.Now())); got["3/b"] != 8 {
+		t.Errorf("8 slots, a with 10 slots of past usage, equal weights: %v", got)
+	}
+}
+
+func TestPlanSkipsBlockedTenantsAndProbesForRetries(t *testing.T) {
+	qs := queuesOf(map[string]int64{"3/a": 10, "3/b": 10})
+	blocked := func(t string) tenantView { return tenantView{blocked: t == "a"} }
+	if got := planned(qs.plan(4, nil, blocked, time.Second, time.Now())); got["3/a"] != 0 || got["3/b"] != 4 {
+		t.Errorf("a at its quota: %v", got)
+	}
+	// A queue with nothing known waiting, but deliveries not acknowledged
+	// (a retry due later), is asked for one job once per probeAfter.
+	idle := queuesOf(map[string]int64{"3/c": 0})
+	idle.list[0].unacked.Store(1)
+	now := time.Now()
+	if got := planned(idle.plan(4, nil, noLoad, time.Second, now)); got["3/c"] != 1 {
+		t.Errorf("probe: %v", got)
+	}
+	if got := planned(idle.plan(4, nil, noLoad, time.Second, now.Add(500*time.Millisecond))); len(got) != 0 {
+		t.Errorf("probed again within probeAfter: %v", got)
+	}
+}
+
+func TestUsageDecays(t *testing.T) {
+	var u usage
+	now := time.Now()
+	hl := 10 * time.Second
+	u.add("a", 20*time.Second, hl, now) // 20 slot-seconds
+	if got := u.slots("a", hl, now); got < 1.38 || got > 1.39 {
+		t.Errorf("20 slot-s over a 10 s half-life: %.3f slots, want 20·ln2/10 = 1.386", got)
+	}
+	if got := u.slots("a", hl, now.Add(hl)); got < 0.69 || got > 0.70 {
+		t.Errorf("one half-life later: %.3f, want half", got)
+	}
+}
