@@ -25,8 +25,8 @@ type metrics struct {
 	tenantAttrs sync.Map // tenantPriority → metric.MeasurementOption
 	pool        attribute.KeyValue
 	poolAttrs   metric.MeasurementOption
-	status    map[job.Status]metric.MeasurementOption
-	class     map[job.FailureClass]metric.MeasurementOption
+	status      map[job.Status]metric.MeasurementOption
+	class       map[job.FailureClass]metric.MeasurementOption
 }
 
 func (x *metrics) byStatus(s job.Status) metric.MeasurementOption {
