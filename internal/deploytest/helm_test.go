@@ -267,7 +267,7 @@ func TestChartOptions(t *testing.T) {
 		trig := triggers[0].(map[string]any)
 		meta := trig["metadata"].(map[string]any)
 		// subjectPrefix acme-fleet and pool gpu-a100, as internal/queue names them.
-		if trig["type"] != "nats-jetstream" || meta["stream"] != "ACME_FLEET_POOL_gpu-a100" || meta["consumer"] != "jobs-gpu-a100" {
+		if trig["type"] != "nats-jetstream" || meta["stream"] != "ACME_FLEET_POOL_gpu-a100" || meta["consumer"] != "q3-default" {
 			t.Errorf("trigger %v", trig)
 		}
 		if target, _, _ := unstructured.NestedString(so[0].Object, "spec", "scaleTargetRef", "name"); target != "fleet-all-worker" {
