@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/capacity/ledger"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
@@ -386,4 +388,29 @@ func TestPoolShowCountsQueuedByTenantAndPriority(t *testing.T) {
 	if s, err := f.Client.Pool(ctx, "counted"); err != nil || s.Policy != nil {
 		t.Errorf("after refused changes: %v, %v", s.Policy, err)
 	}
+}
+
+// A pool whose jobs an older fleet queued for its single consumer
+// jobs-<pool>, with no queue of their tenant and priority: a worker of
+// this fleet makes the queues from the stream, and runs them.
+func TestWorkersTakeOverFromTheSingleConsumer(t *testing.T) {
+	f := fleettest.Start(t)
+	ctx := context.Background()
+	acme := tenantClient(t, f, "acme")
+	ids := submitMany(t, acme, "legacy", "old", 3, 2, "true")
+	js := f.Dispatcher.JetStream()
+	stream := f.Queue.Names.PoolStreamV2("legacy")
+	if err := js.DeleteConsumer(ctx, stream, f.Queue.Names.QueueConsumer(2, "acme")); err != nil {
+		t.Fatal(err)
+	}
+	var filters []string
+	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
+		filters = append(filters, f.Queue.Names.PoolQueued("legacy", p))
+	}
+	if _, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: f.Queue.Names.PoolConsumer("legacy"),
+		FilterSubjects: filters, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	f.Worker(t, processExec(t), worker.Config{Pool: "legacy", Slots: 2})
+	results(t, acme, "acme", ids, 30*time.Second)
 }

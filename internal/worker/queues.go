@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -32,8 +33,12 @@ type queueSet struct {
 	subs []*nats.Subscription
 }
 
-// bindQueues binds to the queues the pool has.
+// bindQueues binds to the queues the pool has, and first makes the
+// queues of the jobs an older fleet left queued (see fromSingleConsumer).
 func (w *Worker) bindQueues(ctx context.Context) error {
+	if err := w.fromSingleConsumer(ctx); err != nil {
+		return err
+	}
 	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
 	if err != nil {
 		return err
@@ -47,6 +52,44 @@ func (w *Worker) bindQueues(ctx context.Context) error {
 		q.unacked.Store(int64(info.NumAckPending))
 	}
 	return w.listen()
+}
+
+// fromSingleConsumer makes the queues of a pool whose jobs an older fleet
+// queued for its single consumer jobs-<pool>: one per priority and tenant
+// of the versions that queue jobs in the stream (each queue starts from the
+// stream's beginning; a job that already ended is acknowledged as it is
+// read). It leaves jobs-<pool> to whoever still pulls from it: a job
+// taken by both starts once, its record's compare-and-set decides.
+func (w *Worker) fromSingleConsumer(ctx context.Context) error {
+	st, err := w.js.Stream(ctx, w.names.PoolStreamV2(w.cfg.Pool))
+	if err != nil {
+		return fmt.Errorf("pool %s: %w", w.cfg.Pool, err)
+	}
+	if _, err := st.Consumer(ctx, w.names.PoolConsumer(w.cfg.Pool)); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("pool %s: %w", w.cfg.Pool, err)
+	}
+	keys := map[queue.QueueKey]bool{}
+	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(w.names.PoolQueued(w.cfg.Pool, p)))
+		if err != nil {
+			return fmt.Errorf("pool %s: the jobs queued at priority %d: %w", w.cfg.Pool, p, err)
+		}
+		for subject := range info.State.Subjects {
+			if _, k, ok := w.names.ParsePoolJob(subject); ok {
+				keys[queue.QueueKey{Priority: p, Tenant: k.Tenant}] = true
+			}
+		}
+	}
+	for k := range keys {
+		if _, err := w.bindQueue(ctx, k); err != nil {
+			return err
+		}
+	}
+	w.log.Info("the pool had the single consumer of an older fleet: made the queues of its jobs",
+		"consumer", w.names.PoolConsumer(w.cfg.Pool), "queues", len(keys))
+	return nil
 }
 
 // bindQueue binds to one queue, known or not.
