@@ -142,6 +142,17 @@ func TestExampleRequests(t *testing.T) {
 			switch {
 			case b.Info == "json" && strings.Contains(b.Text, `"command"`):
 				docs = []string{b.Text}
+			case b.Info == "json" && (strings.Contains(b.Text, `"weights"`) || strings.Contains(b.Text, `"quotas"`)):
+				// A change of a pool's sharing policy.
+				n++
+				var c job.PolicyChange
+				dec := json.NewDecoder(strings.NewReader(b.Text))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&c); err != nil {
+					t.Errorf("%s: the example policy change does not decode: %v", where, err)
+				} else if err := c.Validate(); err != nil {
+					t.Errorf("%s: the example policy change is refused: %v", where, err)
+				}
 			case b.Info == "":
 				// A command block: the requests piped into fleetctl.
 				for _, m := range echoed.FindAllStringSubmatch(b.Text, -1) {
