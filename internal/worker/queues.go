@@ -286,9 +286,10 @@ func dominant(h capacity.Holding, s *capacity.Shares, ownSlots int) float64 {
 }
 
 // pullPlanned pulls n jobs in the plan's order, from a pool with several
-// queues. It reports whether it pulled anything; when it did not, the
-// slots are given back and the loop waits for news.
-func (w *Worker) pullPlanned(n int) bool {
+// queues, and reports whether it asked for any; when it did not, the
+// slots are the caller's to give back. Its fetches go on beside the pull
+// loop; done is called once they have all ended.
+func (w *Worker) pullPlanned(n int, done func()) bool {
 	if err := w.listen(); err != nil {
 		w.log.Warn("cannot listen for queued jobs", "err", err)
 	}
@@ -321,7 +322,12 @@ func (w *Worker) pullPlanned(n int) bool {
 			w.pullFrom(t)
 		}()
 	}
-	wg.Wait()
+	w.pulling.Add(1)
+	go func() {
+		defer w.pulling.Done()
+		wg.Wait()
+		done()
+	}()
 	return true
 }
 
@@ -345,13 +351,14 @@ func (w *Worker) pullFrom(t take) {
 		w.attempts.Add(1)
 		w.deliveries <- msg
 	}
-	switch {
-	case last >= 0 && t.q.rung.Load() < start:
+	// The plan counted t.n as taken; what came says what is left.
+	switch rung := t.q.rung.Load() >= start; {
+	case last >= 0 && !rung:
 		t.q.pending.Store(last)
-	case used < t.n && t.q.rung.Load() < start:
+	case used < t.n && !rung:
 		t.q.pending.Store(0)
-	default:
-		t.q.pending.Add(-int64(used))
+	case !t.probe:
+		t.q.pending.Add(int64(t.n - used))
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		w.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)

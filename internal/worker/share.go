@@ -146,10 +146,12 @@ func (qs *queues) ring(q *workQueue) {
 	}
 }
 
-// take is a part of a plan: pull n jobs from q.
+// take is a part of a plan: pull n jobs from q (probe: with nothing
+// known waiting).
 type take struct {
-	q *workQueue
-	n int
+	q     *workQueue
+	n     int
+	probe bool
 }
 
 // tenantView is what a plan knows of a tenant.
@@ -160,7 +162,8 @@ type tenantView struct {
 	blocked bool
 }
 
-// plan divides n free slots between the queues (see the top of the file).
+// plan divides n free slots between the queues (see the top of the file),
+// and counts what it takes as no longer waiting.
 // view tells of a tenant; probeAfter is how long a queue with nothing
 // known waiting but deliveries not acknowledged is left before a plan
 // pulls one job from it, to find a retry whose time has come.
@@ -213,6 +216,9 @@ func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) t
 		}
 		for k, a := range asked {
 			if a > 0 {
+				// Counted as taken until the fetch says what is left, so
+				// that a plan made meanwhile does not ask for them again.
+				qs.list[i+k].pending.Add(-int64(a))
 				plan = append(plan, take{q: qs.list[i+k], n: a})
 			}
 		}
@@ -225,7 +231,7 @@ func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) t
 		}
 		if q.pending.Load() <= 0 && q.unacked.Load() > 0 && now.Sub(q.probed) >= probeAfter && !viewOf(q.key.Tenant).blocked {
 			q.probed = now
-			plan = append(plan, take{q: q, n: 1})
+			plan = append(plan, take{q: q, n: 1, probe: true})
 			n--
 		}
 	}

@@ -498,17 +498,17 @@ func (w *Worker) pull() {
 		if only == nil {
 			// Several queues, or none yet: pull in the plan's order, or
 			// wait to hear of work.
-			woke := w.pullPlanned(n)
+			if w.pullPlanned(n, func() { <-fetches }) {
+				continue
+			}
 			<-fetches
-			if !woke {
-				w.slots.release(n)
-				select {
-				case <-w.qs.wake:
-				case <-w.ended.wait():
-				case <-time.After(w.cfg.PausePoll):
-				case <-w.pullCtx.Done():
-					return
-				}
+			w.slots.release(n)
+			select {
+			case <-w.qs.wake:
+			case <-w.ended.wait():
+			case <-time.After(w.cfg.PausePoll):
+			case <-w.pullCtx.Done():
+				return
 			}
 			continue
 		}
