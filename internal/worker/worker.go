@@ -569,49 +569,6 @@ func (w *Worker) pull() {
 	}
 }
 
-// onCancel stops the attempt of a job this worker runs, when the
-// dispatcher says so: it has recorded the cancel first, so that the
-// record, the answer to the user and the outcome agree.
-func (w *Worker) onCancel(m *nats.Msg) {
-	pool, tenant, id, ok := w.names.ParseStop(m.Subject)
-	if !ok || pool != w.cfg.Pool {
-		return
-	}
-	w.mu.Lock()
-	d := w.running[runKey(tenant, id)]
-	w.mu.Unlock()
-	if d != nil {
-		// Only what register set is read here: the delivery's key and its
-		// cancel, both set before it was registered.
-		w.log.Info("cancelling running job", "tenant", tenant, "job_id", id)
-		d.cancel(executor.ErrCancelled)
-	}
-}
-
-// runKey names a running delivery: job ids are a tenant's.
-func runKey(tenant, id string) string { return tenant + "/" + id }
-
-// register notes a delivery as running here; false when another copy of
-// the job already runs on this worker.
-func (w *Worker) register(d *delivery) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	k := runKey(d.key.Tenant, d.id)
-	if w.running[k] != nil {
-		return false
-	}
-	w.running[k] = d
-	return true
-}
-
-func (w *Worker) unregister(d *delivery) {
-	w.mu.Lock()
-	if k := runKey(d.key.Tenant, d.id); w.running[k] == d {
-		delete(w.running, k)
-	}
-	w.mu.Unlock()
-}
-
 // gone reports a fetch that failed because the consumer or its stream no
 // longer exists.
 func gone(err error) bool {

@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -335,45 +334,6 @@ func (r *Ledger) fitsLocked(l capacity.Lease) string {
 	return ""
 }
 
-// quotaLocked says why the worker's own leases of the lease's tenant
-// leave no room for it in the tenant's quota, or "": the first check, and
-// the only one while Redis is away.
-func (r *Ledger) quotaLocked(l capacity.Lease, q *job.QuotaLimits) string {
-	if q == nil || q.Unbounded() {
-		return ""
-	}
-	var h capacity.Holding
-	t := l.TenantOf()
-	for _, o := range r.leases {
-		if o.TenantOf() == t {
-			h = h.Add(capacity.Holding{Slots: 1, CPUMilli: o.CPUMilli, MemoryBytes: o.MemoryBytes, GPUs: int64(o.GPUs)})
-		}
-	}
-	switch {
-	case q.Slots >= 0 && h.Slots+1 > q.Slots:
-		return fmt.Sprintf("tenant %s runs its quota of %d slots on this worker", t, q.Slots)
-	case q.CPUMilli >= 0 && h.CPUMilli+l.CPUMilli > q.CPUMilli:
-		return fmt.Sprintf("tenant %s runs its quota of %s CPU on this worker", t, job.FormatCPU(q.CPUMilli))
-	case q.MemoryBytes >= 0 && h.MemoryBytes+l.MemoryBytes > q.MemoryBytes:
-		return fmt.Sprintf("tenant %s runs its quota of %s memory on this worker", t, job.FormatMemory(q.MemoryBytes))
-	case q.GPUs >= 0 && h.GPUs+int64(l.GPUs) > q.GPUs:
-		return fmt.Sprintf("tenant %s runs its quota of %d GPUs on this worker", t, q.GPUs)
-	}
-	return ""
-}
-
-// accrue returns how long a lease was held since it was last counted in
-// its tenant's usage, and counts it until now.
-func (r *Ledger) accrue(l capacity.Lease, now time.Time) time.Duration {
-	k := keyOf(l)
-	from := r.accrued[k]
-	if from.IsZero() || l.StartedAt.After(from) {
-		from = l.StartedAt
-	}
-	r.accrued[k] = now
-	return max(now.Sub(from), 0)
-}
-
 func (r *Ledger) addLocked(l capacity.Lease) {
 	r.leases[keyOf(l)] = l
 	r.accrued[keyOf(l)] = time.Now()
@@ -462,89 +422,6 @@ func (r *Ledger) flush(ctx context.Context) {
 			o.reply <- fmt.Errorf("%w: %s", capacity.ErrNoCapacity, refusal(s, o.Lease.TenantOf()))
 		}
 	}
-}
-
-// refusal says why Redis refused a reservation.
-func refusal(reply, tenant string) string {
-	switch {
-	case strings.HasPrefix(reply, capacity.LeaseQuotaPrefix):
-		return fmt.Sprintf("tenant %s runs its quota of %s in the pool", tenant, strings.TrimPrefix(reply, capacity.LeaseQuotaPrefix))
-	case reply == capacity.LeaseMaxRunning:
-		return "the pool runs its bound of attempts (max_running)"
-	}
-	return fmt.Sprintf("Redis counts %s full for this worker", strings.TrimPrefix(reply, capacity.LeaseRefusedPrefix))
-}
-
-// maxStale is how many times a batch is sent again because the pool's
-// workers changed under it; then its reservations that check a quota are
-// refused, to come back a moment later.
-const maxStale = 3
-
-// apply sends a batch with the pool's other workers as the ledger knows
-// them, learning them again when they changed, and notes what the answer
-// says of the batch's tenants.
-func (r *Ledger) apply(ctx context.Context, batch []capacity.LeaseOp) ([]string, error) {
-	for try := 0; ; try++ {
-		peers, halfLife := r.share.peersAndHalfLife()
-		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		a, err := r.s.Apply(cctx, capacity.LeaseBatch{Pool: r.cfg.Pool, Worker: r.cfg.WorkerID, TTL: r.leaseTTL(),
-			Ops: batch, Peers: peers, HalfLife: halfLife})
-		cancel()
-		r.calls.Add(ctx, 1)
-		if err != nil {
-			return nil, err
-		}
-		r.share.setPeers(a.Peers)
-		if !a.Stale() {
-			r.share.learn(a.Tenants)
-			return a.Replies, nil
-		}
-		if try+1 < maxStale {
-			continue
-		}
-		return r.applyUnchecked(ctx, batch)
-	}
-}
-
-// applyUnchecked sends a batch without its reservations that check a
-// quota, which are refused: the pool's workers kept changing under it.
-func (r *Ledger) applyUnchecked(ctx context.Context, batch []capacity.LeaseOp) ([]string, error) {
-	var kept []capacity.LeaseOp
-	var dropped []bool // per reservation of batch
-	for _, o := range batch {
-		if o.Release {
-			kept = append(kept, o)
-			continue
-		}
-		drop := o.MaxRunning > 0 || (o.Quota != nil && !o.Quota.Unbounded())
-		dropped = append(dropped, drop)
-		if !drop {
-			kept = append(kept, o)
-		}
-	}
-	peers, halfLife := r.share.peersAndHalfLife()
-	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	a, err := r.s.Apply(cctx, capacity.LeaseBatch{Pool: r.cfg.Pool, Worker: r.cfg.WorkerID, TTL: r.leaseTTL(),
-		Ops: kept, Peers: peers, HalfLife: halfLife})
-	cancel()
-	r.calls.Add(ctx, 1)
-	if err != nil {
-		return nil, err
-	}
-	r.share.learn(a.Tenants)
-	replies := make([]string, 0, len(dropped))
-	j := 0
-	for _, d := range dropped {
-		if d {
-			replies = append(replies, capacity.LeaseRefusedPrefix+"the pool's workers are changing")
-			continue
-		}
-		if j < len(a.Replies) {
-			replies = append(replies, a.Replies[j])
-		}
-		j++
-	}
-	return replies, nil
 }
 
 func (r *Ledger) noteOutage(err error) {
