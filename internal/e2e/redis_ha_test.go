@@ -231,7 +231,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	w.WaitOutput(t, "worker started", 20*time.Second)
 	held := f.Submit(t, &job.Request{ID: "held-on-cluster", Pool: "doomed", Command: []string{"sleep", "30"}})
 	waitFor(t, "the doomed worker's lease", 10*time.Second, func() bool {
-		l, err := caps.Leases(ctx, "default", "cl-doomed")
+		l, err := caps.Leases(ctx, "doomed", "cl-doomed")
 		return err == nil && len(l) == 1 && l[0].JobID == held
 	})
 	w.Kill()
@@ -252,7 +252,7 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	if !lost {
 		t.Error("no worker_lost event for the job the doomed worker held")
 	}
-	if u, err := caps.Usage(ctx, "default", "cl-doomed"); err != nil || u.Slots != 0 || len(mustLeases(t, caps, "cl-doomed")) != 0 {
+	if u, err := caps.Usage(ctx, "doomed", "cl-doomed"); err != nil || u.Slots != 0 || len(mustLeases(t, caps, "doomed", "cl-doomed")) != 0 {
 		t.Errorf("the reaped worker's slots: %+v %v", u, err)
 	}
 }
@@ -275,9 +275,9 @@ func eventsUntil(t *testing.T, f *fleettest.Fleet, id, phase string) []*job.Even
 	return out
 }
 
-func mustLeases(t *testing.T, caps *capacity.Store, id string) []capacity.Lease {
+func mustLeases(t *testing.T, caps *capacity.Store, pool, id string) []capacity.Lease {
 	t.Helper()
-	l, err := caps.Leases(context.Background(), "default", id)
+	l, err := caps.Leases(context.Background(), pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}

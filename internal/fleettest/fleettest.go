@@ -62,6 +62,11 @@ func Start(t testing.TB, opts ...Option) *Fleet {
 		defer cancel()
 		_ = d.Stop(ctx)
 	})
+	// The server has the dispatcher's subscriptions before any request of
+	// the test's other connections.
+	if err := f.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	f.Dispatcher = d
 	f.API = httptest.NewServer(dispatcher.NewAPI(d))
 	t.Cleanup(f.API.Close)
