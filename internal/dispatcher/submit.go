@@ -312,15 +312,12 @@ func (d *Dispatcher) ensureQueue(ctx context.Context, pool string, q queue.Queue
 	if p.done.Load() {
 		return nil
 	}
-	made, err := queue.EnsureQueue(ctx, d.js, d.cfg.Queue, pool, q)
-	if err != nil {
+	if err := queue.EnsureQueue(ctx, d.js, d.cfg.Queue, pool, q); err != nil {
 		return err
 	}
-	if made {
-		// The pool's workers bind to it at once (and find it in their
-		// next listing if this word is lost).
-		_ = d.nc.Publish(d.names.PoolQueues(pool), []byte(d.names.QueueConsumer(q.Priority, q.Tenant)))
-	}
+	// The pool's workers bind to it at once (and find it in their next
+	// listing if this word is lost); those bound already ignore it.
+	_ = d.nc.Publish(d.names.PoolQueues(pool), []byte(d.names.QueueConsumer(q.Priority, q.Tenant)))
 	p.done.Store(true)
 	return nil
 }

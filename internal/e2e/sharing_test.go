@@ -414,3 +414,25 @@ func TestWorkersTakeOverFromTheSingleConsumer(t *testing.T) {
 	f.Worker(t, processExec(t), worker.Config{Pool: "legacy", Slots: 2})
 	results(t, acme, "acme", ids, 30*time.Second)
 }
+
+// A queue's consumer deleted by hand while its worker waits on it is made
+// again: the jobs queued after run.
+func TestAQueueDeletedByHandIsMadeAgain(t *testing.T) {
+	f := fleettest.Start(t)
+	ctx := context.Background()
+	f.Worker(t, processExec(t), worker.Config{Pool: "handy", Slots: 2})
+	first := f.Submit(t, &job.Request{ID: "handy-1", Pool: "handy", Command: []string{"true"}})
+	f.Await(t, first, 10*time.Second)
+	js := f.Dispatcher.JetStream()
+	if err := js.DeleteConsumer(ctx, f.Queue.Names.PoolStreamV2("handy"), f.Queue.Names.QueueConsumer(3, "default")); err != nil {
+		t.Fatal(err)
+	}
+	// The dispatcher made the queue once and does not look again.
+	next := f.Submit(t, &job.Request{ID: "handy-2", Pool: "handy", Command: []string{"true"}})
+	if r := f.Await(t, next, 20*time.Second); r.Status != job.StatusSucceeded || r.Attempts != 1 {
+		t.Fatalf("the job queued after the queue was deleted: %s after %d attempts", r.Status, r.Attempts)
+	}
+	if r := f.Await(t, first, time.Second); r.Attempts != 1 {
+		t.Errorf("the job that ran before the queue was deleted ran again: %d attempts", r.Attempts)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -42,8 +43,8 @@ func WritePool(ctx context.Context, kv jetstream.KeyValue, s *job.PoolState) err
 }
 
 // UpdatePool changes a pool's state with change, as a compare-and-set on
-// the entry it read, trying again when another writer came between; it
-// returns the state written.
+// the entry it read, trying again until ctx ends when another writer came
+// between; it returns the state written.
 func UpdatePool(ctx context.Context, kv jetstream.KeyValue, pool string, change func(*job.PoolState) error) (*job.PoolState, error) {
 	for try := 0; ; try++ {
 		var rev uint64
@@ -76,9 +77,15 @@ func UpdatePool(ctx context.Context, kv jetstream.KeyValue, pool string, change 
 		if err == nil {
 			return s, nil
 		}
-		if try < 10 && (errors.Is(err, jetstream.ErrKeyExists) || IsWrongLastSequence(err)) {
-			continue
+		if !errors.Is(err, jetstream.ErrKeyExists) && !IsWrongLastSequence(err) {
+			return nil, fmt.Errorf("write pool %s: %w", pool, err)
 		}
-		return nil, fmt.Errorf("write pool %s: %w", pool, err)
+		// Another writer came between, or the entry was read from a
+		// replica still catching up (a server just back): read again.
+		select {
+		case <-time.After(min(20*time.Millisecond<<min(try, 5), 500*time.Millisecond)):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("write pool %s: %w", pool, err)
+		}
 	}
 }

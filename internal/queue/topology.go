@@ -419,43 +419,22 @@ func (c Config) QueueConsumer(pool string, q QueueKey) jetstream.ConsumerConfig 
 	}
 }
 
-// EnsureQueue creates the consumer of a pool's queue if it has none, and
-// reports whether it did; a dispatcher calls it before it queues the first
-// job of a tenant at a priority. It delivers from the start of the stream: the first job of
+// EnsureQueue creates the consumer of a pool's queue if it has none; a
+// dispatcher calls it before it queues the first job of a tenant at a
+// priority. It delivers from the start of the stream: the first job of
 // the queue is never stored before its consumer exists, and a consumer
 // deleted by hand finds again what was queued (a job already ended is
-// acknowledged by the worker that reads its record).
-func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) (bool, error) {
+// acknowledged by the worker that reads its record). The ack wait is the
+// dispatcher's until a worker binds with its own; a queue a worker has
+// bound already is left as it is. One create, no listing: a listing of a
+// stream's consumers may not answer while a server of the cluster is down.
+func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) error {
 	c = c.WithDefaults()
-	stream := c.Names.PoolStreamV2(pool)
-	name := c.Names.QueueConsumer(q.Priority, q.Tenant)
-	cc := c.QueueConsumer(pool, q)
-	// One listing says whether the queue exists, and the ack wait the
-	// pool's workers gave their queues.
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return false, fmt.Errorf("queue %s of pool %s: %w", name, pool, err)
+	_, err := js.CreateConsumer(ctx, c.Names.PoolStreamV2(pool), c.QueueConsumer(pool, q))
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return fmt.Errorf("create queue %s of pool %s: %w", c.Names.QueueConsumer(q.Priority, q.Tenant), pool, err)
 	}
-	lister := st.ListConsumers(ctx)
-	for info := range lister.Info() {
-		if info.Name == name {
-			return false, nil
-		}
-		if _, _, ok := c.Names.ParseQueueConsumer(info.Name); ok {
-			cc.AckWait = info.Config.AckWait
-		}
-	}
-	if err := lister.Err(); err != nil {
-		return false, fmt.Errorf("queue %s of pool %s: %w", name, pool, err)
-	}
-	_, err = js.CreateConsumer(ctx, stream, cc)
-	if errors.Is(err, jetstream.ErrConsumerExists) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("create queue %s of pool %s: %w", name, pool, err)
-	}
-	return true, nil
+	return nil
 }
 
 // BindQueue creates or updates the consumer of a pool's queue with the

@@ -19,12 +19,15 @@ import (
 // The worker's side of a pool's queues: binding to them, learning what
 // waits on them, and hearing of new work (see share.go for the order).
 //
-// A worker lists its pool's queues when it starts and every PausePoll.
-// With one queue it does what a FIFO worker does: its pull requests wait
-// on the queue's consumer. With several, it subscribes to the live copies
-// of the versions that queue jobs (a message each, which the stream
-// publishes once stored), so that it knows which queues have work without
-// asking, and pulls from them in the plan's order.
+// A worker lists its pool's queues when it starts and every PausePoll,
+// and hears of a new one from the dispatcher that made it. With one queue
+// it does what a FIFO worker does: its pull requests wait on the queue's
+// consumer. With several, it pulls from them in the plan's order, and,
+// while one runs shallow, hears the live copies of the versions that queue
+// jobs (a message each, which the stream publishes once stored), so that
+// it knows which queues have work without asking. A queue whose consumer
+// was deleted (by hand) is made again at once: it finds again what was
+// queued on it.
 
 // queueSet is the worker's binding to its pool's queues.
 type queueSet struct {
@@ -35,13 +38,18 @@ type queueSet struct {
 
 // bindQueues binds to the queues the pool has, and first makes the
 // queues of the jobs an older fleet left queued (see fromSingleConsumer).
+// Neither is needed to start: while a server of the cluster is down a
+// listing may not answer, and the queues are then found by the next one,
+// or from the dispatchers' word.
 func (w *Worker) bindQueues(ctx context.Context) error {
 	if err := w.fromSingleConsumer(ctx); err != nil {
-		return err
+		w.log.Warn("cannot look for an older fleet's consumer; trying again at the next start", "err", err)
 	}
-	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	found, err := queue.Queues(lctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	cancel()
 	if err != nil {
-		return err
+		w.log.Warn("cannot list the pool's queues yet; the next listing finds them", "err", err)
 	}
 	for k, info := range found {
 		q, err := w.bindQueue(ctx, k)
@@ -90,6 +98,22 @@ func (w *Worker) fromSingleConsumer(ctx context.Context) error {
 	w.log.Info("the pool had the single consumer of an older fleet: made the queues of its jobs",
 		"consumer", w.names.PoolConsumer(w.cfg.Pool), "queues", len(keys))
 	return nil
+}
+
+// rebind makes a queue whose consumer is gone again.
+func (w *Worker) rebind(q *workQueue) {
+	w.qs.forget(q)
+	ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
+	defer cancel()
+	err := queue.WorkerPoolStream(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
+	if err == nil {
+		_, err = w.bindQueue(ctx, q.key)
+	}
+	if err != nil {
+		w.log.Warn("cannot make a queue again; the next listing finds what is left", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
+		return
+	}
+	w.log.Info("made a queue whose consumer was gone again", "tenant", q.key.Tenant, "priority", q.key.Priority)
 }
 
 // bindQueue binds to one queue, known or not.
@@ -340,6 +364,9 @@ func (w *Worker) pullFrom(t take) {
 	batch, err := t.q.cons.FetchNoWait(t.n)
 	if err != nil {
 		w.log.Debug("pull from queue failed", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+		if gone(err) {
+			w.rebind(t.q)
+		}
 		return
 	}
 	last := int64(-1)
@@ -362,5 +389,8 @@ func (w *Worker) pullFrom(t take) {
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		w.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+		if gone(err) {
+			w.rebind(t.q)
+		}
 	}
 }

@@ -523,12 +523,9 @@ func (w *Worker) pull() {
 			w.log.Warn("fetch failed", "err", err, "again_in", next.Round(time.Millisecond))
 			if gone(err) {
 				// The queue's consumer or the pool's stream was deleted (an
-				// operator moving the pool to a stream of its own): bind
+				// operator moving the pool to a stream of its own): make it
 				// again.
-				w.qs.forget(only)
-				if err := w.bindQueues(w.pullCtx); err != nil {
-					w.log.Warn("cannot bind to the pool's queues", "err", err)
-				}
+				w.rebind(only)
 			}
 			if next == backoff.Stop {
 				return
@@ -556,6 +553,9 @@ func (w *Worker) pull() {
 				failing.Store(0)
 				<-fetches
 				return
+			}
+			if gone(err) {
+				w.rebind(only)
 			}
 			k := min(failing.Add(1), 7)
 			pause := min(10*time.Millisecond<<k, time.Second)
