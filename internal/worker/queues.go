@@ -19,7 +19,7 @@ import (
 // The worker's side of a pool's queues: binding to them, learning what
 // waits on them, and hearing of new work (see share.go for the order).
 //
-// A worker lists its pool's queues when it starts and every PausePoll,
+// A worker lists its pool's queues when it starts and every listEvery,
 // and hears of a new one from the dispatcher that made it. With one queue
 // it does what a FIFO worker does: its pull requests wait on the queue's
 // consumer. With several, it pulls from them in the plan's order, and,
@@ -34,7 +34,17 @@ type queueSet struct {
 	*queues
 	mu   sync.Mutex // binds one queue at a time
 	subs []*nats.Subscription
+	// nextList is when refreshQueues lists the queues again (its loop
+	// only reads and writes it).
+	nextList time.Time
 }
+
+// How often a worker lists its pool's queues, and how long it waits after
+// a listing that failed.
+const (
+	listEvery   = 5 * time.Second
+	listBackoff = 30 * time.Second
+)
 
 // bindQueues binds to the queues the pool has, and first makes the
 // queues of the jobs an older fleet left queued (see fromSingleConsumer).
@@ -100,19 +110,23 @@ func (w *Worker) fromSingleConsumer(ctx context.Context) error {
 	return nil
 }
 
-// rebind makes a queue whose consumer is gone again.
+// rebind makes a queue whose consumer is gone again. The queue is kept
+// until its consumer is made: an election may make a consumer look gone
+// for a moment, and its fetches then work again.
 func (w *Worker) rebind(q *workQueue) {
-	w.qs.forget(q)
 	ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
 	defer cancel()
-	err := queue.WorkerPoolStream(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log)
-	if err == nil {
-		_, err = w.bindQueue(ctx, q.key)
-	}
+	cons, err := queue.BindQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, q.key)
 	if err != nil {
-		w.log.Warn("cannot make a queue again; the next listing finds what is left", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
+		w.log.Warn("cannot make a queue again; its fetches go on", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
 		return
 	}
+	fresh := &workQueue{key: q.key, cons: cons}
+	fresh.pending.Store(q.pending.Load())
+	w.qs.mu.Lock()
+	w.qs.forget(q)
+	w.qs.add(fresh)
+	w.qs.mu.Unlock()
 	w.log.Info("made a queue whose consumer was gone again", "tenant", q.key.Tenant, "priority", q.key.Priority)
 }
 
@@ -220,10 +234,20 @@ func (w *Worker) heard(key queue.QueueKey) {
 // refreshQueues lists the pool's queues again: new ones, and what waits
 // on each by their consumers' count.
 func (w *Worker) refreshQueues(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.PausePoll, time.Second))
+	// A listing is a request to the cluster's JetStream API, which answers
+	// it by asking each consumer's leader: not more often than listEvery,
+	// and, after a listing that failed (a server down), not before
+	// listBackoff, so that the workers add no load to an election.
+	now := time.Now()
+	if now.Before(w.qs.nextList) {
+		return
+	}
+	w.qs.nextList = now.Add(listEvery)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
 	if err != nil {
+		w.qs.nextList = now.Add(listBackoff)
 		w.log.Debug("cannot list the pool's queues; keeping what was known", "err", err)
 		return
 	}
