@@ -28,6 +28,9 @@ type Cluster struct {
 	t     testing.TB
 	name  string
 	nodes []*node
+	// standalone: one server, not clustered (no routes, no Raft), as a
+	// fleet on a single machine runs it.
+	standalone bool
 
 	mu sync.Mutex
 	nc *nats.Conn // for the harness's own JetStream API requests
@@ -90,12 +93,28 @@ func ServerBinary(t testing.TB) string {
 // calls WaitReady.
 func RunCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	if n < 2 {
+		t.Fatalf("a cluster needs at least two servers, not %d: see RunServer", n)
+	}
+	return run(t, n)
+}
+
+// RunServer starts one nats-server process with JetStream and file
+// storage, not clustered, as a fleet on one machine runs it: a test can
+// SIGKILL it and start it again with its store (Kill, Restart).
+func RunServer(t testing.TB) *Cluster {
+	t.Helper()
+	return run(t, 1)
+}
+
+func run(t testing.TB, n int) *Cluster {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("a cluster needs at least one server, not %d", n)
 	}
 	bin := ServerBinary(t)
 	root := t.TempDir()
-	c := &Cluster{t: t, name: "fleet-test"}
+	c := &Cluster{t: t, name: "fleet-test", standalone: n == 1}
 	for i := range n {
 		nd := &node{name: fmt.Sprintf("n%d", i)}
 		nd.dir = filepath.Join(root, nd.name)
@@ -154,12 +173,15 @@ jetstream {
   max_memory_store: 256MB
   max_file_store: 2GB
 }
-cluster {
+`, nd.name, nd.client, nd.httpP, filepath.Join(nd.dir, "jetstream"))
+		if !c.standalone {
+			conf += fmt.Sprintf(`cluster {
   name: %q
   listen: "127.0.0.1:%d"
   routes: [%s]
 }
-`, nd.name, nd.client, nd.httpP, filepath.Join(nd.dir, "jetstream"), c.name, nd.route, strings.Join(routes, ", "))
+`, c.name, nd.route, strings.Join(routes, ", "))
+		}
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -321,8 +343,15 @@ func (c *Cluster) WaitReady(t testing.TB, d time.Duration) {
 }
 
 // MetaLeader returns the index of the server that leads the JetStream meta
-// group, as the running servers see it, or -1 when none knows of one.
+// group, as the running servers see it, or -1 when none knows of one. A
+// standalone server leads everything while it runs.
 func (c *Cluster) MetaLeader() int {
+	if c.standalone {
+		if c.Running(0) {
+			return 0
+		}
+		return -1
+	}
 	for i := range c.nodes {
 		if !c.Running(i) {
 			continue
@@ -359,6 +388,15 @@ func (c *Cluster) leaderFrom(subject string) int {
 	msg, err := nc.Request(subject, nil, 2*time.Second)
 	if err != nil {
 		return -1
+	}
+	if c.standalone {
+		var resp struct {
+			Error *server.ApiError `json:"error"`
+		}
+		if json.Unmarshal(msg.Data, &resp) != nil || resp.Error != nil {
+			return -1
+		}
+		return 0
 	}
 	var resp struct {
 		Cluster *server.ClusterInfo `json:"cluster"`

@@ -76,12 +76,23 @@ func (j *Jobs) Msg(rec *job.Record, rev uint64) (*nats.Msg, error) {
 		return nil, fmt.Errorf("encode record of job %s: %w", rec.ID, err)
 	}
 	k := Key(rec)
-	m := nats.NewMsg(j.names.PoolJob(k.Pool, kindOf(rec), k.Tenant, k.ID))
+	kind := kindOf(rec)
+	m := nats.NewMsg(j.names.PoolJob(k.Pool, kind, k.Tenant, k.ID))
 	m.Data = data
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
+	if kind == KindResult {
+		m.Header.Set(jetstream.MsgIDHeader, FinalMsgID(k))
+	}
 	return m, nil
 }
+
+// FinalMsgID is the message id of a job's final version. The servers keep
+// the ids of the pool's stream for its duplicate window and store no
+// second message with one of them, whatever its compare-and-set says: a
+// second final version of a job is refused as the stream stores it, on
+// top of the compare-and-set that orders every version.
+func FinalMsgID(k JobKey) string { return k.Tenant + "/" + k.ID + "/final" }
 
 // write stores rec with compare-and-set against revision rev. A write
 // whose answer was lost (see Ambiguous) is sent again; if the second try
@@ -101,11 +112,12 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 	// The first try waits for its answer without a timer of its own: the
 	// stream answers at once but while it elects a leader, and then the
 	// tries of Retry take over.
+	duplicate := false
 	f, err := j.js.PublishMsgAsync(m)
 	if err == nil {
 		select {
 		case ack := <-f.Ok():
-			return ack.Sequence, nil
+			newRev, duplicate = ack.Sequence, ack.Duplicate
 		case err = <-f.Err():
 		case <-ctx.Done():
 			err = ctx.Err()
@@ -116,11 +128,20 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 		err = Retry(ctx, func(ctx context.Context) error {
 			ack, err := j.js.PublishMsg(ctx, m)
 			if err == nil {
-				newRev = ack.Sequence
+				newRev, duplicate = ack.Sequence, ack.Duplicate
 			}
 			ambiguous = ambiguous || Ambiguous(err)
 			return err
 		}, nil)
+	}
+	if err == nil && duplicate {
+		// A final version of the job is stored already: this one's own
+		// first try, whose answer was lost, or another's, and then this
+		// one is refused.
+		if data, seq, gerr := j.last(ctx, Key(rec)); gerr == nil && seq == newRev && bytes.Equal(data, m.Data) {
+			return seq, nil
+		}
+		return 0, refused
 	}
 	if IsWrongLastSequence(err) {
 		if ambiguous {

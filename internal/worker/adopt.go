@@ -64,7 +64,7 @@ func (d *delivery) awaitOwner(ctx context.Context, act action) {
 		return
 	}
 	now := time.Now()
-	err := d.claim(ctx, func(rec *job.Record) {
+	err := d.claim(ctx, act.rev, func(rec *job.Record) {
 		rec.AwaitingSince, rec.UpdatedAt = &now, now
 		rec.Event, rec.Phase, rec.Message = job.EventHeartbeat, job.PhaseAwaitingOwner, act.why
 	})

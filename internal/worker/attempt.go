@@ -234,10 +234,12 @@ func (d *delivery) unregister() {
 	d.w.unregister(d)
 }
 
-// situation gathers what the worker knows now, for decide.
+// situation gathers what the worker knows now, for decide: the record as
+// this delivery last read or wrote it, with its revision, which the
+// decision's writes are compare-and-sets against.
 func (d *delivery) situation() *situation {
 	w := d.w
-	return &situation{rec: d.rec, req: d.req, submitted: d.sub, now: time.Now(), self: w.cfg.ID,
+	return &situation{rec: d.rec, rev: d.rev, req: d.req, submitted: d.sub, now: time.Now(), self: w.cfg.ID,
 		draining: w.Draining(), paused: w.pause.paused(), retryDelay: w.cfg.Retry, recheck: w.cfg.Queue.AckWait,
 		adoptWait: w.cfg.AdoptWait}
 }
@@ -317,12 +319,15 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 		if err == nil {
 			break
 		}
-		s := d.situation()
-		if !errors.Is(err, queue.ErrConflict) {
-			s.unsettled = err
-		} else if err := d.refresh(ctx); err != nil {
-			s.unsettled = err
+		// The record moved (a cancel, a deadline the dispatcher enforced,
+		// an earlier delivery that finished it): the next decision is made
+		// on what is read now, never on the copy the refused write was
+		// decided on.
+		if errors.Is(err, queue.ErrConflict) {
+			err = d.refresh(ctx)
 		}
+		s := d.situation()
+		s.unsettled = err
 		d.releaseLease()
 		next := d.decide(ctx, s)
 		if next.verb != doRun && next.verb != doAdopt {

@@ -105,6 +105,10 @@ type action struct {
 	why string
 	// found is the attempt to adopt (doAdopt).
 	found *executor.Found
+	// rev is the revision of the record the decision was made on: what
+	// it writes is a compare-and-set against it, so that a decision made
+	// on a copy that is no longer the last version writes nothing.
+	rev uint64
 }
 
 // situation is what the worker knows when it decides.
@@ -119,6 +123,7 @@ type situation struct {
 	// its reservation was refused, before anything was written.
 	noCapacity string
 	rec        *job.Record  // the job's record, as last read or written
+	rev        uint64       // and its revision
 	req        *job.Request // the normalized request
 	submitted  time.Time    // when the job was submitted; zero if unknown
 	now        time.Time
@@ -205,10 +210,14 @@ func lostSoFar(h []job.Attempt) int {
 // decide says what to do with a delivery: before the attempt runs when
 // s.outcome is nil, after it ran otherwise.
 func decide(s *situation) action {
+	var a action
 	if s.outcome != nil {
-		return decideOutcome(s)
+		a = decideOutcome(s)
+	} else {
+		a = decideDelivery(s)
 	}
-	return decideDelivery(s)
+	a.rev = s.rev
+	return a
 }
 
 func decideDelivery(s *situation) action {

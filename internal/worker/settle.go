@@ -71,7 +71,7 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 	case doFinish:
 		history := append(slices.Clone(d.rec.History), act.lost...)
 		res := d.resultOf(act.outcome, act.attempts, history)
-		dead, err := d.finish(ctx, res)
+		dead, err := d.finish(ctx, act.rev, res)
 		if errors.Is(err, errFinished) {
 			// Another delivery, or a cancel, finished it first: that
 			// result stands.
@@ -127,10 +127,15 @@ func clone(r *job.Record) *job.Record {
 }
 
 // claim writes the record as change makes it, with compare-and-set against
-// the revision last read. The delivery's record changes only once the
-// write is stored: a refused or failed write leaves it as it was, for the
-// next decision.
-func (d *delivery) claim(ctx context.Context, change func(*job.Record)) error {
+// revision rev, the one its decision was made on; queue.ErrConflict, with
+// nothing sent, when this delivery holds a later version than that (the
+// decision was made on an older copy). The delivery's record changes only
+// once the write is stored: a refused or failed write leaves it as it was,
+// for the next decision.
+func (d *delivery) claim(ctx context.Context, rev uint64, change func(*job.Record)) error {
+	if rev != d.rev {
+		return fmt.Errorf("%w: decided on version %d of the record, which is at %d", queue.ErrConflict, rev, d.rev)
+	}
 	rec := clone(d.rec)
 	change(rec)
 	rev, err := d.w.journal.WriteRecord(ctx, rec, d.rev)
@@ -148,7 +153,7 @@ func (d *delivery) claim(ctx context.Context, change func(*job.Record)) error {
 func (d *delivery) begin(ctx context.Context, act action) error {
 	now := time.Now()
 	first := false
-	err := d.claim(ctx, func(rec *job.Record) {
+	err := d.claim(ctx, act.rev, func(rec *job.Record) {
 		rec.History = append(rec.History, act.lost...)
 		if n := len(act.lost); n > 0 {
 			rec.Failure = act.lost[n-1].Failure
@@ -183,7 +188,7 @@ func (d *delivery) takeOver(ctx context.Context, act action) error {
 	if f.Standing == executor.Ended {
 		how = "ended while no worker followed it"
 	}
-	err := d.claim(ctx, func(rec *job.Record) {
+	err := d.claim(ctx, act.rev, func(rec *job.Record) {
 		rec.WorkerID, rec.Backend, rec.UpdatedAt, rec.AwaitingSince = d.w.cfg.ID, d.w.cfg.Backend, time.Now(), nil
 		rec.Adoptions++
 		rec.Event, rec.Phase = job.EventHeartbeat, job.PhaseAdopted
@@ -208,7 +213,7 @@ func (d *delivery) retry(ctx context.Context, act action) error {
 	if act.memory != "" {
 		msg += fmt.Sprintf(" with memory raised from %s to %s", d.req.Resources.Memory, act.memory)
 	}
-	err := d.save(ctx, func(rec *job.Record) {
+	err := d.save(ctx, act.rev, func(rec *job.Record) {
 		rec.History = append(rec.History, attemptSummary(d.n, w.cfg.ID, out))
 		rec.State, rec.Failure, rec.NextAttemptAt, rec.UpdatedAt = job.StateRetrying, out.Failure, &next, now
 		rec.Event, rec.Message, rec.ExitCode = job.EventRetryScheduled, msg, out.ExitCode
@@ -251,7 +256,7 @@ func (d *delivery) resultOf(out *executor.Outcome, attempts int, history []job.A
 // a job's last, so that watchers can stop there). It reports whether the
 // job was dead-lettered; errFinished when another delivery or a cancel
 // finished it first.
-func (d *delivery) finish(ctx context.Context, res *job.Result) (dead bool, err error) {
+func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dead bool, err error) {
 	w := d.w
 	var dlq pending
 	dead = res.Status == job.StatusFailed || res.Status == job.StatusTimedOut
@@ -260,7 +265,7 @@ func (d *delivery) finish(ctx context.Context, res *job.Result) (dead bool, err 
 	}
 	_, endResult := telemetry.Step(ctx, "fleet.result")
 	now := time.Now()
-	err = d.save(ctx, func(rec *job.Record) {
+	err = d.save(ctx, rev, func(rec *job.Record) {
 		rec.History = res.History
 		rec.State, rec.Attempt, rec.Failure, rec.UpdatedAt, rec.NextAttemptAt = job.State(res.Status), res.Attempts, res.Failure, now, nil
 		rec.FinishedAt, rec.ExitCode = &res.FinishedAt, res.ExitCode
@@ -289,7 +294,7 @@ func (d *delivery) finish(ctx context.Context, res *job.Result) (dead bool, err 
 // counting as an attempt: if the record says this worker runs the
 // delivery's attempt, it did not happen.
 func (d *delivery) requeue(ctx context.Context, act action) error {
-	err := d.save(ctx, func(rec *job.Record) {
+	err := d.save(ctx, act.rev, func(rec *job.Record) {
 		rec.Event, rec.Message = job.EventQueued, "requeued by worker "+d.w.cfg.ID+": "+act.why
 		rec.Handbacks++
 		if rec.State == job.StateRunning && rec.WorkerID == d.w.cfg.ID && rec.Attempt == d.n {
@@ -336,17 +341,17 @@ func (d *delivery) refuse(ctx context.Context, why string) error {
 // the attempt if a cancel came, and applies change to what it read. Lost
 // answers are tried again until the worker gives up for good (see
 // Worker.Stop).
-func (d *delivery) save(ctx context.Context, change func(*job.Record), pubs ...pending) error {
+func (d *delivery) save(ctx context.Context, rev uint64, change func(*job.Record), pubs ...pending) error {
 	j := d.w.journal
 	for {
-		err := d.claim(ctx, change)
+		err := d.claim(ctx, rev, change)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, queue.ErrConflict) {
 			return err
 		}
-		cur, rev, err := j.Record(ctx, d.key)
+		cur, curRev, err := j.Record(ctx, d.key)
 		if err != nil {
 			return err
 		}
@@ -364,9 +369,10 @@ func (d *delivery) save(ctx context.Context, change func(*job.Record), pubs ...p
 		if cur.CancelRequested && !d.rec.CancelRequested {
 			d.cancel(executor.ErrCancelled)
 		}
-		d.rec, d.rev = cur, rev
-		if cur.State.Final() && !mine.State.Final() {
-			// The dispatcher finished it (a cancel while queued).
+		d.rec, d.rev, rev = cur, curRev, curRev
+		if cur.State.Final() {
+			// The dispatcher finished it (a cancel while queued): nothing
+			// is written over a final version.
 			d.cancel(executor.ErrCancelled)
 			return nil
 		}

@@ -285,7 +285,9 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
 			o.log = nil // the read above is the test's
 
-			err := d.settle(context.Background(), c.act)
+			act := c.act
+			act.rev = rev // decided on the stored record
+			err := d.settle(context.Background(), act)
 			if c.wantErr != nil {
 				if !errors.Is(err, c.wantErr) {
 					t.Errorf("settle: %v, want %v", err, c.wantErr)
