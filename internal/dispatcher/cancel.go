@@ -47,7 +47,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, tenant, id string) (*job.Cancel
 			next.Result = &job.Result{JobID: id, Pool: rec.Pool, Status: job.StatusCancelled, Attempts: rec.Attempt,
 				FinishedAt: now, Failure: f, TraceID: rec.TraceID, RunID: rec.RunID, NodeID: rec.NodeID, History: rec.History}
 		}
-		if _, err := d.jobs.Write(ctx, next, rev); errors.Is(err, queue.ErrConflict) {
+		if _, err := d.jobs.Write(ctx, next, rev); errors.Is(err, queue.ErrConflict) || errors.Is(err, queue.ErrFinal) {
 			continue // a worker moved it meanwhile: look again
 		} else if err != nil {
 			return nil, err

@@ -63,7 +63,8 @@ func (j *Jobs) Queue(ctx context.Context, rec *job.Record, rev uint64, hdr nats.
 // Write stores a later version of a job's record if the job's last
 // version is still at revision rev (its stream sequence), and returns the
 // new revision; ErrConflict if it is not. A final record goes on the
-// job's result subject.
+// job's result subject, and is refused with ErrFinal when the job has a
+// final version already, whatever rev says.
 func (j *Jobs) Write(ctx context.Context, rec *job.Record, rev uint64) (uint64, error) {
 	return j.write(ctx, rec, rev, ErrConflict, nil)
 }
@@ -141,7 +142,7 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 		if data, seq, gerr := j.last(ctx, Key(rec)); gerr == nil && seq == newRev && bytes.Equal(data, m.Data) {
 			return seq, nil
 		}
-		return 0, refused
+		return 0, fmt.Errorf("write record of job %s: %w (version %d)", rec.ID, ErrFinal, newRev)
 	}
 	if IsWrongLastSequence(err) {
 		if ambiguous {

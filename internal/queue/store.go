@@ -21,6 +21,9 @@ var (
 	ErrExists   = errors.New("job already exists")
 	// ErrConflict means the record changed since it was read.
 	ErrConflict = errors.New("job record changed concurrently")
+	// ErrFinal means the stream refused a final version because the job
+	// has one already, whatever revision the write named.
+	ErrFinal = errors.New("the job has a final version already")
 )
 
 // Store keeps the latest job.Record of each job in the jobs bucket. Writes

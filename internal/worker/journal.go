@@ -24,7 +24,8 @@ type journal interface {
 	Record(ctx context.Context, k queue.JobKey) (*job.Record, uint64, error)
 	// WriteRecord stores a new version of the record if the last is still
 	// at revision rev, and returns the new revision; queue.ErrConflict if
-	// it is not.
+	// it is not, queue.ErrFinal for a final version when the job has one
+	// already, whatever rev is.
 	WriteRecord(ctx context.Context, rec *job.Record, rev uint64) (uint64, error)
 	// Notice sends a heartbeat or log event, best effort.
 	Notice(e *job.Event) error

@@ -348,6 +348,11 @@ func (d *delivery) save(ctx context.Context, rev uint64, change func(*job.Record
 		if err == nil {
 			break
 		}
+		if errors.Is(err, queue.ErrFinal) {
+			// The stream holds a final version of the job already, which
+			// stands: it refuses a second whatever revision it names.
+			return errFinished
+		}
 		if !errors.Is(err, queue.ErrConflict) {
 			return err
 		}
