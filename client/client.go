@@ -270,6 +270,11 @@ func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 // as it is stored, and asks for the job's status now and then (backing off
 // to every two seconds), so that it rides through the loss of a NATS
 // server: a result stored while the client reconnects is read then.
+//
+// A job whose latest version is a rejection has no result: Result returns
+// a *RejectedError with its reason, as Events ends at it. A rejection that
+// a later submission of the id replaced is not the job's latest version,
+// and Result waits for the result of that submission.
 func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	if !job.ValidID(id) {
 		return nil, fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
@@ -287,6 +292,8 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 		switch {
 		case err == nil && st.Result != nil:
 			return st.Result, nil
+		case err == nil && st.Job != nil && st.Job.State == job.StateRejected:
+			return nil, &RejectedError{JobID: id, Reason: rejection(st.Job)}
 		case errors.Is(err, ErrNotFound) && ctx.Err() == nil:
 			// Not queued yet (a submission kept by the intake stream
 			// until a dispatcher takes it): wait for it.
@@ -310,6 +317,14 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	}
 }
 
+// rejection is why a rejected record's request was refused.
+func rejection(rec *job.Record) string {
+	if rec.Message == "" && rec.Failure != nil {
+		return rec.Failure.Message
+	}
+	return rec.Message
+}
+
 // retryable reports an error that a NATS cluster electing a leader or
 // losing a server causes, while ctx still runs.
 func retryable(ctx context.Context, err error) bool {
@@ -319,10 +334,17 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 // Events yields a job's lifecycle events from the first and ends after its
-// final event (succeeded, failed, timed_out, cancelled or rejected), which
-// is always a job's last: the job's history (every version of its record
-// so far), then, live, its later versions and its heartbeat and log
-// events. Stop early by breaking out of the loop or ending ctx.
+// final event (succeeded, failed, timed_out or cancelled), which is always
+// a job's last: the job's history (every version of its record so far),
+// then, live, its later versions and its heartbeat and log events. Stop
+// early by breaking out of the loop or ending ctx.
+//
+// A rejection ends the events only while it is the job's latest version:
+// when the history shows that a later submission of the id replaced it,
+// it is not yielded, and the events go on to the end of the job that
+// submission queued. A watcher that finds the job rejected (in its
+// history, or live) ends there, even if the producer sends the id again a
+// moment later; watch again to follow that submission.
 func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, error] {
 	return func(yield func(*job.Event, error) bool) {
 		if !job.ValidID(id) {
@@ -363,6 +385,11 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 		var past []*job.Event
 		for i, rec := range h.Records {
 			last = h.Seqs[i]
+			if rec.State == job.StateRejected && i < len(h.Records)-1 {
+				// A later submission of the id replaced this rejection: the
+				// job goes on from its queued version.
+				continue
+			}
 			past = append(past, job.EventsOf(rec)...)
 		}
 		for _, e := range h.Notices {

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -16,8 +17,8 @@ import (
 // DeadLetters reads the dead letters of pool and tenant, oldest first: an
 // empty pool or tenant is every one. Messages that are not dead letters
 // are skipped. A dead letter is the message that queued its job (contract
-// v2): its request's secrets are sealed, and only a dispatcher can submit
-// it again (see RetryDeadLetter).
+// v2), with the job's last failure and attempts: its request's secrets are
+// sealed, and only a dispatcher can submit it again (see RetryDeadLetter).
 func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, tenant, pool string) ([]*job.DeadLetter, error) {
 	subject := n.prefix() + ".dlq." + cmp.Or(pool, "*") + "." + cmp.Or(tenant, "*") + ".>"
 	cons, err := js.OrderedConsumer(ctx, n.DLQStream(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
@@ -46,8 +47,40 @@ func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, tenant, p
 	}
 }
 
+// DeadLetterBody is the body of a job's dead letter (contract v2): the
+// version of its record that queued it, as its message carried it, with
+// the job's last failure in failure and its attempts in attempt, as the
+// job's final version has them (schema job-record.v2). What else the
+// queued version holds is kept as it was (but for its spacing), fields
+// this release does not know included.
+func DeadLetterBody(queued []byte, f *job.Failure, attempts int) ([]byte, error) {
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(queued, &doc); err != nil {
+		return nil, fmt.Errorf("dead letter: the queued version: %w", err)
+	}
+	if doc == nil {
+		return nil, errors.New("dead letter: the queued version is not a record")
+	}
+	if f != nil {
+		var err error
+		if doc["failure"], err = json.Marshal(f); err != nil {
+			return nil, fmt.Errorf("dead letter: %w", err)
+		}
+	}
+	doc["attempt"] = json.RawMessage(strconv.Itoa(attempts))
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false) // the request's strings stay as they were
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("dead letter: %w", err)
+	}
+	return bytes.TrimRight(out.Bytes(), "\n"), nil
+}
+
 // DecodeDeadLetter reads a message of the dead-letter stream (contract
-// v2): the message that queued its job, with its last failure in headers.
+// v2): the message that queued its job, with its last failure and its
+// attempts (see DeadLetterBody). A dead letter of before has them in its
+// headers only, where they are read.
 func DecodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) { return decodeDeadLetter(m) }
 
 func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
@@ -63,12 +96,17 @@ func decodeDeadLetter(m jetstream.Msg) (*job.DeadLetter, error) {
 	if err != nil {
 		return nil, err
 	}
+	dl := &job.DeadLetter{JobID: rec.ID, Tenant: rec.Tenant, Pool: rec.Pool, Attempts: rec.Attempt, Secrets: rec.Secrets,
+		Time: meta.Timestamp, Seq: meta.Sequence.Stream, Request: req, Document: m.Data()}
+	if rec.Failure != nil {
+		dl.Failure = *rec.Failure
+		return dl, nil
+	}
 	h := m.Headers()
-	attempts, _ := strconv.Atoi(h.Get(HeaderAttempts))
-	return &job.DeadLetter{JobID: rec.ID, Tenant: rec.Tenant, Pool: rec.Pool, Attempts: attempts, Secrets: rec.Secrets, Time: meta.Timestamp, Seq: meta.Sequence.Stream,
-		Failure: job.Failure{Class: job.FailureClass(h.Get(HeaderFailureClass)), Code: job.FailureCode(h.Get(HeaderFailureCode)),
-			Message: h.Get(HeaderFailureMessage)},
-		Request: req, Document: m.Data()}, nil
+	dl.Attempts, _ = strconv.Atoi(h.Get(HeaderAttempts))
+	dl.Failure = job.Failure{Class: job.FailureClass(h.Get(HeaderFailureClass)), Code: job.FailureCode(h.Get(HeaderFailureCode)),
+		Message: h.Get(HeaderFailureMessage)}
+	return dl, nil
 }
 
 // RetryDeadLetter submits the dead-lettered request of a tenant's job id

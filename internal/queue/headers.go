@@ -34,7 +34,9 @@ func (c HeaderCarrier) Keys() []string {
 	return keys
 }
 
-// Headers of dead letters, beside the request itself.
+// Headers of dead letters: the failure and attempts that their body
+// carries too (see DeadLetterBody), kept for the readers of before, which
+// read them here.
 const (
 	HeaderFailureClass   = "Fleet-Failure-Class"
 	HeaderFailureCode    = "Fleet-Failure-Code"

@@ -30,7 +30,8 @@ type journal interface {
 	// Notice sends a heartbeat or log event, best effort.
 	Notice(e *job.Event) error
 	// DeadLetter copies a job's message to its pool's dead letters, with
-	// its last failure, without waiting.
+	// its last failure and attempts (queue.DeadLetterBody), without
+	// waiting.
 	DeadLetter(k queue.JobKey, msg []byte, f *job.Failure, attempts int) (pending, error)
 }
 
@@ -66,8 +67,14 @@ func (j *jsJournal) Notice(e *job.Event) error {
 }
 
 func (j *jsJournal) DeadLetter(k queue.JobKey, msg []byte, f *job.Failure, attempts int) (pending, error) {
+	body, err := queue.DeadLetterBody(msg, f, attempts)
+	if err != nil {
+		return nil, err
+	}
 	m := nats.NewMsg(j.names.DLQV2(k.Pool, k.Tenant, k.ID))
-	m.Data = msg
+	m.Data = body
+	// The body has the failure and attempts; the headers too, for the
+	// readers of before.
 	m.Header.Set(queue.HeaderMsgID, k.Tenant+"/"+k.ID+"/dlq/"+strconv.Itoa(attempts))
 	m.Header.Set(queue.HeaderFailureClass, string(f.Class))
 	m.Header.Set(queue.HeaderFailureCode, string(f.Code))
