@@ -291,8 +291,12 @@ func (j *Jobs) rankUnqueued(ctx context.Context, p *placed) (bool, error) {
 // (see "Which versions of a job's record a reader believes", above): ids
 // are a tenant's within a pool, and a request about a job names its tenant
 // and id only. It costs one direct get per pool, all sent at once, which
-// answers the last message of each of the job's subjects there; an ignored
-// last version costs a read of the job's history in its pool.
+// answers the last message of each of the job's subjects there (the
+// queued version among them, with the request it carries): one round
+// trip, as a read of the last versions alone would be, where a probe for
+// the queued version and then a read of the last would be two
+// (BenchmarkFind). An ignored last version costs a read of the job's
+// history in its pool.
 func (j *Jobs) Find(ctx context.Context, tenant, id string, pools []string) (*job.Record, uint64, error) {
 	type probe struct {
 		k    JobKey

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/natstest"
@@ -29,11 +31,30 @@ import (
 //	q1-q5+latest   five direct gets per pool, one per queued subject, then
 //	               the last version of the pool that has the job
 //
+// Each runs on loopback (net=loopback), and again through a proxy that
+// holds every byte for at least 250 µs each way (net=delayed: a round trip
+// of about 2 ms on a loaded machine, where a sleep lasts longer than
+// asked), as between machines.
+//
 // go test -run '^$' -bench BenchmarkFind -benchtime 2000x ./internal/queue/
 func BenchmarkFind(b *testing.B) {
-	for _, pools := range []int{2, 8} {
+	for _, setup := range []struct {
+		pools int
+		delay time.Duration
+	}{{2, 0}, {8, 0}, {2, 250 * time.Microsecond}, {8, 250 * time.Microsecond}} {
+		pools := setup.pools
 		s := natstest.Run(b)
-		js, err := jetstream.New(s.Connect(b))
+		url, network := s.URL(), "loopback"
+		if setup.delay > 0 {
+			network = "delayed"
+			url = delayed(b, strings.TrimPrefix(url, "nats://"), setup.delay)
+		}
+		nc, err := nats.Connect(url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -76,7 +97,7 @@ func BenchmarkFind(b *testing.B) {
 			{"first+latest", func() (*job.Record, uint64, error) { return j.findByProbe(ctx, k.Tenant, k.ID, names, j.firstIsQueued) }},
 			{"q1-q5+latest", func() (*job.Record, uint64, error) { return j.findByProbe(ctx, k.Tenant, k.ID, names, j.hasQueued) }},
 		} {
-			b.Run(fmt.Sprintf("pools=%d/%s", pools, v.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("pools=%d/net=%s/%s", pools, network, v.name), func(b *testing.B) {
 				for b.Loop() {
 					got, seq, err := v.find()
 					if err != nil || got.State != job.StateSucceeded || seq != rev {
@@ -185,4 +206,57 @@ func (j *Jobs) hasQueued(ctx context.Context, k JobKey) (bool, error) {
 		}
 	}
 	return found, firstErr
+}
+
+// delayed starts a proxy to addr that holds every byte for delay in each
+// direction, and returns its URL.
+func delayed(b *testing.B, addr string, delay time.Duration) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	pipe := func(dst, src net.Conn) {
+		type chunk struct {
+			data []byte
+			at   time.Time
+		}
+		ch := make(chan chunk, 1024)
+		go func() {
+			defer dst.Close()
+			for c := range ch {
+				time.Sleep(time.Until(c.at))
+				if _, err := dst.Write(c.data); err != nil {
+					return
+				}
+			}
+		}()
+		defer close(ch)
+		for {
+			buf := make([]byte, 64<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				ch <- chunk{buf[:n], time.Now().Add(delay)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go pipe(up, c)
+			go pipe(c, up)
+		}
+	}()
+	return "nats://" + l.Addr().String()
 }
