@@ -135,9 +135,10 @@ func (c *Console) openJob(ctx context.Context, k queue.JobKey, live bool) (*foll
 }
 
 // history reads a job's history through the dispatcher. The dispatcher
-// finds a tenant's job id in whichever pool has it (the newest, when
-// several do); when that is not the pool asked for, the pool's stream is
-// read here, without the request's secrets, as the dispatcher does.
+// finds a tenant's job id in the pool a dispatcher queued it in (the most
+// recently queued, when several did); when that is not the pool asked
+// for, the pool's stream is read here, without the request's secrets, as
+// the dispatcher does.
 func (c *Console) history(ctx context.Context, k queue.JobKey) (*job.HistoryReply, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

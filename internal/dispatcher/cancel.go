@@ -109,8 +109,9 @@ func (d *Dispatcher) RetryDeadLetter(ctx context.Context, tenant, id string) (*j
 		func(ctx context.Context, data []byte) (*job.SubmitReply, error) { return d.process(ctx, tenant, data) })
 }
 
-// find returns the last record version of a tenant's job, in whichever
-// pool it is.
+// find returns the last record version of a tenant's job, in the pool a
+// dispatcher queued it in (see queue.Jobs.Find): status, cancel, history,
+// outputs and logs all read the job through it.
 func (d *Dispatcher) find(ctx context.Context, tenant, id string) (*job.Record, uint64, error) {
 	if !job.ValidID(id) {
 		return nil, 0, fmt.Errorf("%w: %q is not a job id", queue.ErrNotFound, id)

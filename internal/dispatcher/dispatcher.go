@@ -189,7 +189,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err := queue.Setup(ctx, d.js, d.cfg.Queue, d.log); err != nil {
 		return err
 	}
-	d.jobs = queue.NewJobs(d.js, d.names)
+	d.jobs = queue.NewJobs(d.js, d.names).WithLogger(d.log)
 	sealer, err := queue.OpenSealer(ctx, d.js, d.names, true, d.log)
 	if err != nil {
 		return err

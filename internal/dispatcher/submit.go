@@ -179,10 +179,12 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	if errors.Is(err, queue.ErrExists) {
 		old, oldRev, gerr := d.jobs.Latest(ctx, k)
 		switch {
+		case errors.Is(gerr, queue.ErrNotFound) && oldRev != 0, gerr == nil && old.State == job.StateRejected:
+			// Replace a rejection, or versions none of which is the
+			// fleet's (their bodies name another job: see queue.Jobs.Latest).
+			_, err = d.jobs.Queue(ctx, rec, oldRev, hdr)
 		case gerr != nil:
 			return nil, errTransient{gerr}
-		case old.State == job.StateRejected:
-			_, err = d.jobs.Queue(ctx, rec, oldRev, hdr)
 		default:
 			reply.State, reply.Duplicate, reply.Warning = old.State, true, ""
 			return reply, nil
@@ -218,8 +220,8 @@ func (d *Dispatcher) reject(ctx context.Context, tenant, id, pool string, cause 
 	// Keep a job that exists; replace only an earlier rejection.
 	k := queue.Key(rec)
 	rev := uint64(0)
-	if old, oldRev, err := d.jobs.Latest(ctx, k); err == nil {
-		if old.State != job.StateRejected {
+	if old, oldRev, err := d.jobs.Latest(ctx, k); err == nil || errors.Is(err, queue.ErrNotFound) {
+		if old != nil && old.State != job.StateRejected {
 			return reply, nil
 		}
 		rev = oldRev

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -26,16 +27,36 @@ import (
 // Nats-Expected-Last-Subject-Sequence-Subject), so the first version is the
 // job's idempotency gate, a cancel and a worker's start never overwrite
 // each other, and a job has one final version, one result. A version's
-// revision is its stream sequence.
+// revision is its stream sequence. What a reader believes of the versions
+// is in find.go: a version whose body names another job than its subject
+// is ignored.
 type Jobs struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	names Names
+	log   *slog.Logger
+	// batches receives the answers of Find's direct gets.
+	batches *batches
 }
 
 // NewJobs returns the job store of a connection.
 func NewJobs(js jetstream.JetStream, names Names) *Jobs {
-	return &Jobs{nc: js.Conn(), js: js, names: names}
+	return &Jobs{nc: js.Conn(), js: js, names: names, batches: &batches{nc: js.Conn()}}
+}
+
+// WithLogger returns the store logging to log (the versions it ignores).
+// Defaults to slog.Default().
+func (j *Jobs) WithLogger(log *slog.Logger) *Jobs {
+	c := *j
+	c.log = log
+	return &c
+}
+
+func (j *Jobs) logger() *slog.Logger {
+	if j.log == nil {
+		return slog.Default()
+	}
+	return j.log
 }
 
 // Key returns a record's place.
@@ -161,8 +182,13 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 	return newRev, nil
 }
 
-// Latest returns the last version of a job's record and its revision, or
-// ErrNotFound.
+// Latest returns the last version of a job's record that agrees with its
+// subject, and its revision: the sequence of the job's last message, which
+// a compare-and-set is against. The common case costs one direct get; when
+// the last version is ignored (see find.go), the job's history is read for
+// the last one that is not. ErrNotFound when the job has no version that
+// agrees; the revision is then still the last message's (0: none), so that
+// a dispatcher can queue the job over what is there.
 func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error) {
 	var data []byte
 	var seq uint64
@@ -176,17 +202,20 @@ func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error
 	if data == nil {
 		return nil, 0, ErrNotFound
 	}
-	var rec job.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, 0, fmt.Errorf("decode record of job %s: %w", k.ID, err)
+	if rec, ok := decodeVersion(data, k); ok {
+		return rec, seq, nil
 	}
-	return &rec, seq, nil
+	rec, rev, err := j.lastAgreeing(ctx, k)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, 0, fmt.Errorf("read job %s: %w", k.ID, err)
+	}
+	return rec, rev, err
 }
 
 // LastState returns the state of the last version of a job's record,
-// cheaply: a final version is known by its subject (of kind r) and not
-// decoded (final true, state empty); of another only the state is
-// decoded. ErrNotFound when the job has no record.
+// cheaply: only the fields that name the job and its state are decoded; a
+// version of kind r is final. A last version that names another job is
+// ignored, as by Latest. ErrNotFound when the job has no record.
 func (j *Jobs) LastState(ctx context.Context, k JobKey) (state job.State, final bool, err error) {
 	var m *nats.Msg
 	err = Retry(ctx, func(ctx context.Context) (err error) {
@@ -199,16 +228,15 @@ func (j *Jobs) LastState(ctx context.Context, k JobKey) (state job.State, final 
 	if m == nil {
 		return "", false, ErrNotFound
 	}
-	if m.Header.Get(jetstream.SubjectHeader) == j.names.PoolJob(k.Pool, KindResult, k.Tenant, k.ID) {
-		return "", true, nil
+	if c, state, err := claims(m.Data); err == nil && agrees(c, k) {
+		kind, _, _ := j.names.ParsePoolJob(m.Header.Get(jetstream.SubjectHeader))
+		return state, kind == KindResult || state.Final(), nil
 	}
-	var v struct {
-		State job.State `json:"state"`
+	rec, _, err := j.lastAgreeing(ctx, k)
+	if err != nil {
+		return "", false, fmt.Errorf("read the state of job %s: %w", k.ID, err)
 	}
-	if err := json.Unmarshal(m.Data, &v); err != nil {
-		return "", false, fmt.Errorf("decode the state of job %s: %w", k.ID, err)
-	}
-	return v.State, v.State.Final(), nil
+	return rec.State, rec.State.Final(), nil
 }
 
 // last reads the last message on any of a job's subjects with one direct
@@ -223,87 +251,19 @@ func (j *Jobs) last(ctx context.Context, k JobKey) ([]byte, uint64, error) {
 }
 
 // History returns every version of a job's record still in its pool's
-// stream, oldest first, with their sequences.
+// stream that agrees with its subject, oldest first, with their sequences
+// (see find.go: the others are logged and left out).
 func (j *Jobs) History(ctx context.Context, k JobKey) ([]*job.Record, []uint64, error) {
-	s, err := j.js.Stream(ctx, j.names.PoolStreamV2(k.Pool))
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, nil, ErrNotFound
-	}
+	vs, _, err := j.versions(ctx, k)
 	if err != nil {
-		return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
+		return nil, nil, err
 	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{j.names.PoolJobAll(k.Pool, k.Tenant, k.ID)}})
-	if err != nil {
-		return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
-	}
-	// Each message says how many more the consumer has for it: the last
-	// says none.
 	var out []*job.Record
 	var seqs []uint64
-	for {
-		batch, err := c.FetchNoWait(64)
-		if err != nil {
-			return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var rec job.Record
-			if err := json.Unmarshal(m.Data(), &rec); err != nil {
-				return nil, nil, fmt.Errorf("decode record of job %s: %w", k.ID, err)
-			}
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, nil, fmt.Errorf("history of job %s: %w", k.ID, err)
-			}
-			out, seqs = append(out, &rec), append(seqs, md.Sequence.Stream)
-			if md.NumPending == 0 {
-				return out, seqs, nil
-			}
-		}
-		if n == 0 {
-			return out, seqs, nil
-		}
+	for _, v := range vs {
+		out, seqs = append(out, v.rec), append(seqs, v.seq)
 	}
-}
-
-// Find returns the last version of the record of the tenant's job id in
-// whichever of pools has it: ids are a tenant's within a pool, and a
-// request about a job names its tenant and id only. When several pools
-// have a job of that id, the most recently submitted wins.
-func (j *Jobs) Find(ctx context.Context, tenant, id string, pools []string) (*job.Record, uint64, error) {
-	type found struct {
-		rec *job.Record
-		rev uint64
-		err error
-	}
-	ch := make(chan found, len(pools))
-	for _, p := range pools {
-		go func() {
-			rec, rev, err := j.Latest(ctx, JobKey{Tenant: tenant, Pool: p, ID: id})
-			ch <- found{rec, rev, err}
-		}()
-	}
-	var best found
-	var firstErr error
-	for range pools {
-		f := <-ch
-		switch {
-		case errors.Is(f.err, ErrNotFound):
-		case f.err != nil:
-			firstErr = cmpErr(firstErr, f.err)
-		case best.rec == nil || f.rec.SubmittedAt.After(best.rec.SubmittedAt):
-			best = f
-		}
-	}
-	if best.rec != nil {
-		return best.rec, best.rev, nil
-	}
-	if firstErr != nil {
-		return nil, 0, firstErr
-	}
-	return nil, 0, ErrNotFound
+	return out, seqs, nil
 }
 
 // Pools lists the pools that have a stream of jobs (contract v2).

@@ -1,12 +1,14 @@
 package security_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/artifact"
+	"github.com/fleet-dev/fleet/internal/console"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/fleettest"
@@ -29,10 +32,11 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// fleet is a dispatcher, a worker of each of pools "default" and "gpu"
-// and the producers of tenants "default" and "acme", each connected with
-// its own role's key to a server running the shipped configuration, with
-// pool gpu added by add-pool.sh and tenant acme by add-tenant.sh.
+// fleet is a dispatcher with its web console, a worker of each of pools
+// "default" and "gpu" and the producers of tenants "default" and "acme",
+// each connected with its own role's key to a server running the shipped
+// configuration, with pool gpu added by add-pool.sh and tenant acme by
+// add-tenant.sh.
 type fleet struct {
 	srv      *natsServer
 	keys     keys
@@ -44,7 +48,63 @@ type fleet struct {
 	client   *client.Client
 	acme     *client.Client
 	d        *dispatcher.Dispatcher
+	cons     *console.Console // the first dispatcher's
 	queueCfg queue.Config
+	// logs are what the dispatchers, their consoles and the workers
+	// logged, by process.
+	logs []processLog
+}
+
+type processLog struct {
+	name  string
+	lines func() []string
+}
+
+// logger is a process's logger: to the test's log, and kept, so that
+// noViolations reads it.
+func (f *fleet) logger(t *testing.T, name string) *slog.Logger {
+	kept, _, lines := newCapture()
+	f.logs = append(f.logs, processLog{name: name, lines: lines})
+	return slog.New(teeHandler{kept.Handler(), fleettest.Logger(t).Handler()})
+}
+
+// teeHandler hands each record to every handler that takes its level.
+type teeHandler []slog.Handler
+
+func (h teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	for _, x := range h {
+		if x.Enabled(ctx, l) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	for _, x := range h {
+		if x.Enabled(ctx, r.Level) {
+			if err := x.Handle(ctx, r.Clone()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (h teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	out := make(teeHandler, len(h))
+	for i, x := range h {
+		out[i] = x.WithAttrs(as)
+	}
+	return out
+}
+
+func (h teeHandler) WithGroup(name string) slog.Handler {
+	out := make(teeHandler, len(h))
+	for i, x := range h {
+		out[i] = x.WithGroup(name)
+	}
+	return out
 }
 
 func startFleet(t *testing.T, tweak ...func(*server.Options)) *fleet {
@@ -70,10 +130,12 @@ func startFleet(t *testing.T, tweak ...func(*server.Options)) *fleet {
 	return f
 }
 
-// startDispatcher starts a dispatcher on a dispatcher's connection.
+// startDispatcher starts a dispatcher on a dispatcher's connection, with
+// its web console on, as cmd/dispatcher runs it by default.
 func (f *fleet) startDispatcher(t *testing.T, c *conn) *dispatcher.Dispatcher {
 	t.Helper()
-	d, err := dispatcher.New(c.Conn, dispatcher.Config{Queue: f.queueCfg, Logger: fleettest.Logger(t)})
+	log := f.logger(t, fmt.Sprintf("dispatcher %d", len(f.logs)))
+	d, err := dispatcher.New(c.Conn, dispatcher.Config{Queue: f.queueCfg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,9 +144,22 @@ func (f *fleet) startDispatcher(t *testing.T, c *conn) *dispatcher.Dispatcher {
 	if err := d.Start(ctx); err != nil {
 		t.Fatalf("dispatcher start: %v (violations: %q)", err, f.srv.log.violations())
 	}
+	cons, err := console.New(console.Config{JS: d.JetStream(), Queue: f.queueCfg, History: d.History, Status: d.Status,
+		Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag, Schedules: d.AllSchedules, PauseSchedule: d.PauseSchedule,
+		Pools: d.AllPools, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cons.Start(ctx); err != nil {
+		t.Fatalf("console start: %v (violations: %q)", err, f.srv.log.violations())
+	}
+	if f.cons == nil {
+		f.cons = cons
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		_ = cons.Stop(ctx)
 		_ = d.Stop(ctx)
 	})
 	return d
@@ -101,7 +176,7 @@ func (f *fleet) startWorker(t *testing.T, c *conn, pool, id string) *worker.Work
 		Backend: "process", Queue: f.queueCfg, FetchWait: 500 * time.Millisecond,
 		Artifacts: artifact.New(js, artifact.Config{Names: f.queueCfg.Names}),
 		Retry:     func(*job.RetryPolicy, int) time.Duration { return 50 * time.Millisecond },
-		Logger:    fleettest.Logger(t)})
+		Logger:    f.logger(t, "worker "+id)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,11 +193,19 @@ func (f *fleet) startWorker(t *testing.T, c *conn, pool, id string) *worker.Work
 	return w
 }
 
-// noViolations fails the test if the server refused anything to anyone.
+// noViolations fails the test if the server refused anything to anyone:
+// in the server's log, on any connection, or in what any process logged.
 func (f *fleet) noViolations(t *testing.T) {
 	t.Helper()
 	if v := f.srv.log.violations(); len(v) > 0 {
 		t.Errorf("the server refused %d operations:\n%s", len(v), strings.Join(v, "\n"))
+	}
+	for _, l := range f.logs {
+		for _, line := range l.lines() {
+			if strings.Contains(line, "Permissions Violation") {
+				t.Errorf("%s logged: %s", l.name, line)
+			}
+		}
 	}
 	for role, c := range map[string]*conn{"dispatcher": f.disp, "worker of default": f.work, "worker of gpu": f.gpu,
 		"producer of default": f.prod, "producer of acme": f.acmeConn} {
@@ -559,6 +642,43 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 		if l, err := f.acme.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
 			t.Fatalf("list after the delete: %+v, %v", l, err)
+		}
+	})
+
+	t.Run("is followed in the web console", func(t *testing.T) {
+		// The console's index hears every job's versions as they are
+		// stored; a job's page follows the job's versions and its
+		// heartbeat and log events.
+		id := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"ok"}})
+		result(t, f, f.acme, id)
+		k := queue.JobKey{Tenant: "acme", Pool: "gpu", ID: id}
+		for deadline := time.Now().Add(5 * time.Second); !f.cons.Index().Has(k); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the console's index has no job %s (violations: %q)", id, f.srv.log.violations())
+			}
+		}
+		ui := httptest.NewServer(f.cons)
+		defer ui.Close()
+		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+		defer scancel()
+		req, _ := http.NewRequestWithContext(sctx, http.MethodGet, ui.URL+"/ui/stream?page=job&tenant=acme&pool=gpu&id="+id, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			body, _ := io.ReadAll(resp.Body)
+			t.Fatalf("the job's page's stream: %s %s", resp.Status, body)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		page := false
+		for !page && sc.Scan() {
+			page = sc.Text() == "event: page"
+		}
+		if !page {
+			t.Fatalf("the job's page's stream sent no page: %v", sc.Err())
 		}
 	})
 

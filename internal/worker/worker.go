@@ -273,7 +273,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.sealer = sealer
-	w.journal = &jsJournal{nc: w.nc, js: w.js, jobs: queue.NewJobs(w.js, w.names), names: w.names}
+	w.journal = &jsJournal{nc: w.nc, js: w.js, jobs: queue.NewJobs(w.js, w.names).WithLogger(w.log), names: w.names}
 	if err := w.recover(ctx); err != nil {
 		return fmt.Errorf("recover what an earlier worker %s left: %w", w.cfg.ID, err)
 	}

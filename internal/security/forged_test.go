@@ -1,0 +1,238 @@
+package security_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/job"
+)
+
+// TestAWorkerCannotRewriteAnotherPoolsJob: an outside client (the nats
+// CLI) holding pool default's worker seed publishes, on its own pool's
+// subjects, as its role allows, versions of the records of tenant acme's
+// jobs of pool gpu: a copy of the record (its body naming pool gpu, its
+// subject pool default) and one whose body names pool default, each with
+// another worker and a submission in 2099, so that it would be "the most
+// recently submitted". Once as a final version, once (for other jobs) as a
+// non-final one. What acme reads of its gpu jobs does not change: status
+// and history over NATS (read with the CLI), status, outputs and logs over
+// HTTP and through the Go client; a cancel of the running job stops it
+// (it ends cancelled), and one of the finished job says it has ended as it
+// did.
+func TestAWorkerCannotRewriteAnotherPoolsJob(t *testing.T) {
+	bin := natsCLI(t)
+	f := startFleet(t)
+	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
+	api := httptest.NewServer(dispatcher.NewAPI(f.d))
+	defer api.Close()
+	forger := roleWorker("default")
+	acme := roleTenant("acme")
+
+	for _, tc := range []struct {
+		name, kind string
+		forge      func(r *job.Record, pool string)
+	}{
+		{"a forged final version", "r", func(r *job.Record, pool string) {
+			now := time.Now()
+			fl := job.Failf(job.ClassExecution, job.CodeExitCode, "forged by a worker of pool default")
+			r.State, r.Event, r.Failure, r.Message, r.FinishedAt = job.StateFailed, job.EventFailed, fl, fl.Message, &now
+			r.Result = &job.Result{JobID: r.ID, Pool: pool, Status: job.StatusFailed, Attempts: 1, FinishedAt: now, Failure: fl,
+				Outputs: map[string]string{"out.txt": "forged"}}
+		}},
+		{"a forged non-final version", "s", func(r *job.Record, pool string) {
+			r.State, r.Event, r.Attempt, r.Result, r.FinishedAt = job.StateRunning, job.EventStarted, 2, nil, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			done := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"ok"}, Outputs: []string{"out.txt"}})
+			if r := result(t, f, f.acme, done); r.Status != job.StatusSucceeded || r.Outputs["out.txt"] != "hi" {
+				t.Fatalf("the finished job's result: %+v", r)
+			}
+			running := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"block"}})
+			for e, err := range f.acme.Events(ctx, running) {
+				if err != nil {
+					t.Fatalf("events: %v", err)
+				}
+				if e.Type == job.EventStarted {
+					break
+				}
+			}
+			r := reader{t: t, ctx: ctx, cli: c, role: acme, api: api.URL, client: f.acme}
+			before := map[string]tenantView{running: r.view(running, false), done: r.view(done, true)}
+
+			for _, id := range []string{running, done} {
+				for _, pool := range []string{"gpu", "default"} {
+					forged := *before[id].status.Job
+					forged.WorkerID, forged.SubmittedAt = "forged-by-default", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+					forged.Pool = pool // gpu: a copy; default: a body that agrees with its subject
+					tc.forge(&forged, pool)
+					body, err := json.Marshal(&forged)
+					if err != nil {
+						t.Fatal(err)
+					}
+					subject := fmt.Sprintf("fleet.p.default.%s.acme.%s", tc.kind, id)
+					pub := c.cmd(ctx, forger, "pub", "--jetstream", "--no-templates", subject, string(body))
+					if out, err := pub.CombinedOutput(); err != nil || !strings.Contains(string(out), "FLEET_POOL_default") {
+						t.Fatalf("the forged version was not stored: %v\n%s", err, out)
+					}
+					for _, id := range []string{running, done} {
+						if diff := before[id].diff(r.view(id, id == done)); diff != "" {
+							t.Fatalf("after a version of job %s with pool %s in its body on %s, what acme reads of job %s changed:\n%s",
+								forged.ID, pool, subject, id, diff)
+						}
+					}
+				}
+			}
+
+			// The finished job has nothing to cancel, as before.
+			var cr job.CancelReply
+			if err := json.Unmarshal(c.run(t, acme, "request", "--raw", "fleet.t.acme.cancel."+done, ""), &cr); err != nil ||
+				cr.Cancelled || cr.State != job.StateSucceeded {
+				t.Fatalf("cancel of the finished job: %+v, %v", cr, err)
+			}
+			// The running one is stopped.
+			if err := json.Unmarshal(c.run(t, acme, "request", "--raw", "fleet.t.acme.cancel."+running, ""), &cr); err != nil ||
+				!cr.Cancelled || cr.State != job.StateRunning {
+				t.Fatalf("cancel of the running job: %+v, %v", cr, err)
+			}
+			if res := result(t, f, f.acme, running); res.Status != job.StatusCancelled || res.Pool != "gpu" {
+				t.Fatalf("the running job's result after the cancel: %+v", res)
+			}
+			var h job.HistoryReply
+			if err := json.Unmarshal(c.run(t, acme, "request", "--raw", "fleet.t.acme.history."+running, ""), &h); err != nil || len(h.Records) == 0 {
+				t.Fatalf("history: %+v, %v", h, err)
+			}
+			for _, rec := range h.Records {
+				if rec.Pool != "gpu" || rec.WorkerID == "forged-by-default" {
+					t.Fatalf("a version in the history of job %s: %+v", running, rec)
+				}
+			}
+			if last := h.Records[len(h.Records)-1]; last.State != job.StateCancelled {
+				t.Fatalf("the last version of job %s: %s", running, last.State)
+			}
+		})
+	}
+	f.noViolations(t)
+}
+
+// reader reads what tenant acme is told of its jobs: over NATS with the
+// nats CLI, over HTTP, and through the Go client.
+type reader struct {
+	t      *testing.T
+	ctx    context.Context
+	cli    natsRunner
+	role   string
+	api    string
+	client *client.Client
+}
+
+// tenantView is what a tenant reads of a job.
+type tenantView struct {
+	statusRaw, httpStatus []byte
+	status                *job.StatusReply
+	records               []*job.Record
+	seqs                  []uint64
+	// of a finished job: its output out.txt and its log, through the Go
+	// client and over HTTP
+	output, httpOutput, logs, httpLogs string
+}
+
+func (r reader) view(id string, finished bool) tenantView {
+	t := r.t
+	t.Helper()
+	v := tenantView{statusRaw: bytes.TrimSpace(r.cli.run(t, r.role, "request", "--raw", "fleet.t.acme.status."+id, ""))}
+	if err := json.Unmarshal(v.statusRaw, &v.status); err != nil || v.status.Job == nil {
+		t.Fatalf("status of %s: %q, %v", id, v.statusRaw, err)
+	}
+	var h job.HistoryReply
+	if err := json.Unmarshal(r.cli.run(t, r.role, "request", "--raw", "fleet.t.acme.history."+id, ""), &h); err != nil {
+		t.Fatalf("history of %s: %v", id, err)
+	}
+	v.records, v.seqs = h.Records, h.Seqs
+	v.httpStatus = bytes.TrimSpace([]byte(r.get("/v1/jobs/" + id)))
+	if !finished {
+		return v
+	}
+	o, err := r.client.Output(r.ctx, id, "out.txt")
+	if err != nil {
+		t.Fatalf("output of %s: %v", id, err)
+	}
+	b, err := io.ReadAll(o)
+	o.Close()
+	if err != nil {
+		t.Fatalf("output of %s: %v", id, err)
+	}
+	v.output = string(b)
+	lr, err := r.client.Logs(r.ctx, id, client.LogOptions{})
+	if err != nil {
+		t.Fatalf("logs of %s: %v", id, err)
+	}
+	b, err = io.ReadAll(lr)
+	lr.Close()
+	if err != nil {
+		t.Fatalf("logs of %s: %v", id, err)
+	}
+	v.logs = string(b)
+	v.httpOutput, v.httpLogs = r.get("/v1/jobs/"+id+"/outputs/out.txt"), r.get("/v1/jobs/"+id+"/logs")
+	return v
+}
+
+// get reads a path of the HTTP API as tenant acme: its status and body.
+func (r reader) get(path string) string {
+	req, err := http.NewRequestWithContext(r.ctx, http.MethodGet, r.api+path, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	req.Header.Set(dispatcher.TenantHeader, "acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		r.t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.Status + " " + string(body)
+}
+
+// diff says how two views differ; empty when they do not.
+func (v tenantView) diff(w tenantView) string {
+	var out []string
+	if !bytes.Equal(v.statusRaw, w.statusRaw) {
+		out = append(out, fmt.Sprintf("status over NATS:\n  %s\n  %s", v.statusRaw, w.statusRaw))
+	}
+	if !bytes.Equal(v.httpStatus, w.httpStatus) {
+		out = append(out, fmt.Sprintf("status over HTTP:\n  %s\n  %s", v.httpStatus, w.httpStatus))
+	}
+	if !reflect.DeepEqual(v.seqs, w.seqs) || !reflect.DeepEqual(v.records, w.records) {
+		out = append(out, fmt.Sprintf("history: versions %v, then %v; last %+v, then %+v", v.seqs, w.seqs, last(v.records), last(w.records)))
+	}
+	for _, d := range []struct{ what, a, b string }{{"output", v.output, w.output}, {"output over HTTP", v.httpOutput, w.httpOutput},
+		{"logs", v.logs, w.logs}, {"logs over HTTP", v.httpLogs, w.httpLogs}} {
+		if d.a != d.b {
+			out = append(out, fmt.Sprintf("%s: %q, then %q", d.what, d.a, d.b))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func last(recs []*job.Record) *job.Record {
+	if len(recs) == 0 {
+		return nil
+	}
+	return recs[len(recs)-1]
+}
