@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"iter"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -287,8 +288,12 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
+	pool := "" // the pool that holds the job, as the dispatcher found it
 	for {
 		st, err := c.Status(ctx, id)
+		if err == nil && st.Job != nil {
+			pool = st.Job.Pool
+		}
 		switch {
 		case err == nil && st.Result != nil:
 			return st.Result, nil
@@ -306,15 +311,36 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 		}
 		select {
 		case m := <-published:
-			var rec job.Record
-			if json.Unmarshal(m.Data, &rec) == nil && rec.Result != nil {
+			// A live copy is believed from the pool that holds the job
+			// only, and when its body names the job its subject does (a
+			// worker of another pool may publish on its own pool's
+			// subjects); else the status, which the dispatcher answers
+			// from the pool that queued the job, is asked again at once.
+			if rec, ok := c.liveRecord(m, pool, id); ok && rec.Result != nil {
 				return rec.Result, nil
 			}
+			wait.Reset()
 		case <-time.After(next):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// liveRecord decodes a record version heard live on a job's subject; false
+// unless it is of pool (the job's, as the dispatcher found it) and its body
+// names the job its subject does.
+func (c *Client) liveRecord(m *nats.Msg, pool, id string) (*job.Record, bool) {
+	_, k, ok := c.names.ParseJobLive(m.Subject)
+	if !ok || pool == "" || k.Pool != pool || k.ID != id || k.Tenant != c.tenant {
+		return nil, false
+	}
+	var rec job.Record
+	if err := json.Unmarshal(m.Data, &rec); err != nil || rec.ID != id || rec.Pool != pool ||
+		(rec.Tenant != c.tenant && !(rec.Tenant == "" && c.tenant == job.DefaultTenant)) {
+		return nil, false
+	}
+	return &rec, true
 }
 
 // rejection is why a rejected record's request was refused.
@@ -382,6 +408,13 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			attempt int
 		}
 		seen := map[noticeKey]bool{}
+		// The job's pool, as the dispatcher found it: what is heard live
+		// from another pool's subjects is not the job's (a worker of
+		// another pool may publish there).
+		pool := ""
+		if n := len(h.Records); n > 0 {
+			pool = h.Records[n-1].Pool
+		}
 		var past []*job.Event
 		for i, rec := range h.Records {
 			last = h.Seqs[i]
@@ -411,20 +444,20 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			}
 			var evs []*job.Event
 			if seq := m.Header.Get(jetstream.SequenceHeader); seq != "" {
+				rec, ok := c.liveRecord(m, pool, id)
+				if !ok {
+					continue // another pool's, or not the job's
+				}
 				n, _ := strconv.ParseUint(seq, 10, 64)
 				if n <= last {
 					continue // in the history already
 				}
 				last = n
-				var rec job.Record
-				if err := json.Unmarshal(m.Data, &rec); err != nil {
-					if !yield(nil, fmt.Errorf("watch %s: %w", id, err)) {
-						return
-					}
-					continue
-				}
-				evs = job.EventsOf(&rec)
+				evs = job.EventsOf(rec)
 			} else {
+				if p, ok := c.noticePool(m.Subject, id); !ok || p != pool {
+					continue // another pool's
+				}
 				e, err := job.DecodeEvent(m.Data)
 				if err != nil {
 					if !yield(nil, err) {
@@ -444,6 +477,17 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			}
 		}
 	}
+}
+
+// noticePool reads the pool of a heartbeat or log event's subject,
+// <prefix>.t.<tenant>.ev.<pool>.<id>.
+func (c *Client) noticePool(subject, id string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, strings.TrimSuffix(c.names.JobNotices(c.tenant, "", ""), "."))
+	if !ok {
+		return "", false
+	}
+	pool, rid, ok := strings.Cut(rest, ".")
+	return pool, ok && rid == id
 }
 
 // mergeByTime merges two lists of events, each in time order, into one,

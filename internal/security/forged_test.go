@@ -72,6 +72,30 @@ func TestAWorkerCannotRewriteAnotherPoolsJob(t *testing.T) {
 			}
 			r := reader{t: t, ctx: ctx, cli: c, role: acme, api: api.URL, client: f.acme}
 			before := map[string]tenantView{running: r.view(running, false), done: r.view(done, true)}
+			// A producer waiting for the running job's result, and one
+			// following its events, from before the forgeries on: what
+			// they hear live of another pool is not the job's.
+			awaited := make(chan *job.Result, 1)
+			go func() {
+				res, err := f.acme.Result(ctx, running)
+				if err != nil {
+					t.Errorf("the waiting producer: %v", err)
+				}
+				awaited <- res
+			}()
+			followed := make(chan []*job.Event, 1)
+			go func() {
+				var evs []*job.Event
+				for e, err := range f.acme.Events(ctx, running) {
+					if err != nil {
+						t.Errorf("the following producer: %v", err)
+						break
+					}
+					evs = append(evs, e)
+				}
+				followed <- evs
+			}()
+			time.Sleep(200 * time.Millisecond) // both listen
 
 			for _, id := range []string{running, done} {
 				for _, pool := range []string{"gpu", "default"} {
@@ -110,6 +134,18 @@ func TestAWorkerCannotRewriteAnotherPoolsJob(t *testing.T) {
 			}
 			if res := result(t, f, f.acme, running); res.Status != job.StatusCancelled || res.Pool != "gpu" {
 				t.Fatalf("the running job's result after the cancel: %+v", res)
+			}
+			if res := <-awaited; res == nil || res.Status != job.StatusCancelled || res.Pool != "gpu" || res.WorkerID == "forged-by-default" {
+				t.Fatalf("the producer waiting since before the forgeries got %+v", res)
+			}
+			evs := <-followed
+			for _, e := range evs {
+				if e.WorkerID == "forged-by-default" || e.Pool != "gpu" {
+					t.Errorf("the producer following the job heard %+v", e)
+				}
+			}
+			if n := len(evs); n == 0 || evs[n-1].Type != job.EventCancelled {
+				t.Errorf("the producer following the job heard %d events, the last not cancelled", n)
 			}
 			var h job.HistoryReply
 			if err := json.Unmarshal(c.run(t, acme, "request", "--raw", "fleet.t.acme.history."+running, ""), &h); err != nil || len(h.Records) == 0 {
