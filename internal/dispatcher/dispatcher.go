@@ -137,6 +137,7 @@ type Dispatcher struct {
 	poolNames   []string
 	poolsListed time.Time
 	peers       *peers
+	placer      *placer
 	lag         *lag
 	// background holds the dispatcher's loops, stopped in reverse.
 	background lifecycle.Group
@@ -277,6 +278,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
 	}
 	if d.cfg.Queue.Replicas > 1 {
+		d.placer = newPlacer()
+		sub, err := d.nc.Subscribe(leaderElected, d.placer.elected)
+		if err != nil {
+			return fmt.Errorf("subscribe to %s: %w", leaderElected, err)
+		}
+		d.subs = append(d.subs, sub)
+		services = append(services, service{"the placer of the queues", &goService{run: d.runPlacer}})
 		services = append(services, service{"the balancer of streams' leaders", lifecycle.NewEvery(balanceEvery, func(ctx context.Context) {
 			ctx, cancel := context.WithTimeout(ctx, balanceEvery)
 			defer cancel()
@@ -390,6 +398,18 @@ func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesConte
 	}
 }
 
+// submitDeadline bounds the work on one submission, so that a NATS
+// outage holds no dispatcher's slots and goroutines for longer than its
+// producer waits: a producer's try waits for its answer at most 1.5 s
+// (queue.Retry) before it sends the submission again, with its id, and a
+// stored submission comes back after the intake's ack wait (5 s). A
+// submission given up midway is taken again whole: its id makes it one
+// job.
+const submitDeadline = 5 * time.Second
+
+// leaderElected is the servers' advisory that a stream elected a leader.
+const leaderElected = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.*"
+
 // queueGroup is the dispatchers' queue group: one of them gets each
 // direct submission and each cancel.
 const queueGroup = "fleet-dispatcher"
@@ -428,6 +448,8 @@ func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) err
 // which clients send the submission again at once (with its id, so that
 // it is never accepted twice).
 func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
+	ctx, cancel := context.WithTimeout(ctx, submitDeadline)
+	defer cancel()
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(m.Header))
 	reply, err := d.process(pctx, d.tenantOf(m.Subject), m.Data)
 	if m.Reply == "" {
@@ -474,6 +496,9 @@ type metrics struct {
 	latency   metric.Float64Histogram
 	// leaderMoves counts the leaders of streams the balancer moved.
 	leaderMoves metric.Int64Counter
+	// queueMoves counts the consumers the placer moved to their stream's
+	// leader.
+	queueMoves metric.Int64Counter
 }
 
 func newMetrics(m metric.Meter) metrics {
@@ -485,5 +510,7 @@ func newMetrics(m metric.Meter) metrics {
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
 	x.leaderMoves, _ = m.Int64Counter("fleet.dispatcher.stream_leaders.moved",
 		metric.WithDescription("Stream leaders moved to another server to spread them over a NATS cluster"))
+	x.queueMoves, _ = m.Int64Counter("fleet.dispatcher.queues.moved",
+		metric.WithDescription("Consumers of the pools' queues and of the intake moved to the server that leads their stream, by stream"))
 	return x
 }

@@ -27,6 +27,8 @@ func (d *Dispatcher) intakeOne(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, submitDeadline)
+	defer cancel()
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(msg.Headers()))
 	reply, err := d.process(pctx, d.tenantOf(msg.Subject()), msg.Data())
 	if err != nil {

@@ -323,6 +323,16 @@ type run struct {
 	took, p50, worst time.Duration
 	lost             int // attempts lost with a worker or a node
 	unheard          int // results stored but heard by no subscriber
+	// each job's times: sent, then finished (zero without a result).
+	timings []timing
+	// history is every version of the run's jobs, as stored.
+	history *historytest.Pool
+}
+
+// timing is when a job was sent and when it finished.
+type timing struct {
+	id             string
+	sent, finished time.Time
 }
 
 func (r run) rate() float64 { return float64(r.jobs) / r.took.Seconds() }
@@ -454,6 +464,7 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, stored
 			t.Errorf("%s: %s (%+v)", id, res.Status, res.Failure)
 		}
 		r.lost += len(res.History)
+		r.timings = append(r.timings, timing{id: id, sent: sent[i], finished: res.FinishedAt})
 		if res.FinishedAt.After(last) {
 			last = res.FinishedAt
 		}
@@ -485,7 +496,7 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, stored
 			r.unheard++
 		}
 	}
-	historytest.Require(t, js, names, job.DefaultTenant, "default", prefix+".", ids, ears...)
+	r.history = historytest.Require(t, js, names, job.DefaultTenant, "default", prefix+".", ids, ears...)
 	return r
 }
 

@@ -38,6 +38,7 @@ type Version struct {
 	Expected uint64
 	CAS      bool
 	Rec      *job.Record
+	At       time.Time // when the stream stored it
 }
 
 // final reports whether v is a final version: of kind r, with a final state.
@@ -152,7 +153,7 @@ func Read(ctx context.Context, js jetstream.JetStream, names queue.Names, pool, 
 				p.Forged++
 				continue
 			}
-			v := Version{Seq: md.Sequence.Stream, Kind: kind, Rec: &rec}
+			v := Version{Seq: md.Sequence.Stream, Kind: kind, Rec: &rec, At: md.Timestamp}
 			if h := m.Headers().Get(jetstream.ExpectedLastSubjSeqHeader); h != "" {
 				v.Expected, _ = strconv.ParseUint(h, 10, 64)
 				v.CAS = m.Headers().Get(jetstream.ExpectedLastSubjSeqSubjHeader) == names.PoolJobAll(k.Pool, k.Tenant, k.ID)
@@ -203,10 +204,12 @@ func hasFinal(vs []Version) bool {
 
 // Ear hears the final versions of a tenant's jobs of a pool as a
 // subscriber does, on fleet.t.<tenant>.job.<pool>.r.>, and counts them by
-// job id.
+// job id and by the stream sequence each copy carries (Nats-Sequence):
+// two sequences for one job are two results; one sequence heard twice is
+// one result, republished again by a stream's new leader (see Repeats).
 type Ear struct {
 	mu    sync.Mutex
-	heard map[string]int
+	heard map[string]map[string]int // id: sequence: copies
 	sub   *nats.Subscription
 	strip string
 }
@@ -214,11 +217,15 @@ type Ear struct {
 // Listen starts an ear on nc; it stops when the test ends.
 func Listen(t testing.TB, nc *nats.Conn, names queue.Names, tenant, pool string) *Ear {
 	t.Helper()
-	e := &Ear{heard: map[string]int{}, strip: names.JobLive(tenant, pool, queue.KindResult, "")}
+	e := &Ear{heard: map[string]map[string]int{}, strip: names.JobLive(tenant, pool, queue.KindResult, "")}
 	sub, err := nc.Subscribe(names.JobLive(tenant, pool, queue.KindResult, ">"), func(m *nats.Msg) {
 		id := strings.TrimPrefix(m.Subject, e.strip)
+		seq := m.Header.Get(jetstream.SequenceHeader)
 		e.mu.Lock()
-		e.heard[id]++
+		if e.heard[id] == nil {
+			e.heard[id] = map[string]int{}
+		}
+		e.heard[id][seq]++
 		e.mu.Unlock()
 	})
 	if err != nil {
@@ -232,25 +239,41 @@ func Listen(t testing.TB, nc *nats.Conn, names queue.Names, tenant, pool string)
 	return e
 }
 
-// Heard returns how many final versions of job id the ear heard.
+// Heard returns how many results of job id the ear heard: its copies of
+// distinct stream sequences.
 func (e *Ear) Heard(id string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.heard[id]
+	return len(e.heard[id])
 }
 
-// Twice returns the ids heard more than once.
+// Twice returns the ids of the jobs the ear heard two results of.
 func (e *Ear) Twice() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []string
-	for id, n := range e.heard {
-		if n > 1 {
+	for id, seqs := range e.heard {
+		if len(seqs) > 1 {
 			out = append(out, id)
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Repeats counts the results the ear heard again with the sequence it
+// had heard: a copy a stream's leader republished, and then its next
+// leader again (it republishes what it applies once elected).
+func (e *Ear) Repeats() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, seqs := range e.heard {
+		for _, k := range seqs {
+			n += k - 1
+		}
+	}
+	return n
 }
 
 // Require reads pool's history (every job of tenant whose id starts with
@@ -310,7 +333,10 @@ func Require(t testing.TB, js jetstream.JetStream, names queue.Names, tenant, po
 	}
 	for i, e := range ears {
 		for _, id := range e.Twice() {
-			t.Errorf("subscriber %d heard the result of %s %d times", i, id, e.Heard(id))
+			t.Errorf("subscriber %d heard %d results of %s", i, e.Heard(id), id)
+		}
+		if n := e.Repeats(); n > 0 {
+			t.Logf("subscriber %d heard %d results again, with the stream sequence it had heard them with", i, n)
 		}
 	}
 	return p

@@ -1,6 +1,7 @@
 package natstest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,6 +46,8 @@ type node struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// kills are when the test killed it.
+	kills []time.Time
 }
 
 var (
@@ -279,8 +283,16 @@ func (c *Cluster) Kill(i int) {
 	if cmd == nil {
 		return
 	}
+	select {
+	case <-done:
+		return // not running
+	default:
+	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
+	nd.mu.Lock()
+	nd.kills = append(nd.kills, time.Now())
+	nd.mu.Unlock()
 }
 
 // Freeze stops server i with SIGSTOP: its connections stay open but
@@ -518,4 +530,95 @@ func tail(path string, n int64) string {
 	}
 	b, _ := io.ReadAll(f)
 	return string(b)
+}
+
+// Interval is a span of time.
+type Interval struct{ From, To time.Time }
+
+// Overlap returns how long i and [from, to] share.
+func (i Interval) Overlap(from, to time.Time) time.Duration {
+	a, b := i.From, i.To
+	if from.After(a) {
+		a = from
+	}
+	if to.Before(b) {
+		b = to
+	}
+	if b.After(a) {
+		return b.Sub(a)
+	}
+	return 0
+}
+
+// Leaderless returns the spans, between from and to, in which group (a
+// stream's name, or "stream > consumer") had no leader, from what the
+// servers logged when they became its leader and from when the test
+// killed them: a group is leaderless from the kill of its leader until a
+// server logs that it leads it.
+func (c *Cluster) Leaderless(group string, from, to time.Time) []Interval {
+	type event struct {
+		at     time.Time
+		node   int
+		killed bool
+	}
+	var evs []event
+	needle := []byte("new stream leader for '$G > " + group + "'")
+	if strings.Contains(group, " > ") {
+		needle = []byte("new consumer leader for '$G > " + group + "'")
+	}
+	for i, nd := range c.nodes {
+		nd.mu.Lock()
+		for _, k := range nd.kills {
+			evs = append(evs, event{at: k, node: i, killed: true})
+		}
+		nd.mu.Unlock()
+		data, err := os.ReadFile(nd.log)
+		if err != nil {
+			continue
+		}
+		for _, line := range bytes.Split(data, []byte("\n")) {
+			if !bytes.Contains(line, needle) {
+				continue
+			}
+			if at, ok := logTime(line); ok {
+				evs = append(evs, event{at: at, node: i})
+			}
+		}
+	}
+	sort.Slice(evs, func(a, b int) bool { return evs[a].at.Before(evs[b].at) })
+	var out []Interval
+	leader := -1
+	var since time.Time // leaderless since, when leader < 0
+	for _, e := range evs {
+		switch {
+		case e.killed && e.node == leader:
+			leader, since = -1, e.at
+		case !e.killed:
+			if leader < 0 && !since.IsZero() {
+				out = append(out, Interval{since, e.at})
+			}
+			leader = e.node
+		}
+	}
+	if leader < 0 && !since.IsZero() {
+		out = append(out, Interval{since, time.Now()})
+	}
+	var in []Interval
+	for _, i := range out {
+		if i.To.After(from) && i.From.Before(to) {
+			in = append(in, i)
+		}
+	}
+	return in
+}
+
+// logTime reads the time of a line of a server's log,
+// "[pid] 2006/01/02 15:04:05.000000 [INF] …".
+func logTime(line []byte) (time.Time, bool) {
+	_, rest, ok := bytes.Cut(line, []byte("] "))
+	if !ok || len(rest) < 26 {
+		return time.Time{}, false
+	}
+	at, err := time.ParseInLocation("2006/01/02 15:04:05.000000", string(rest[:26]), time.Local)
+	return at, err == nil
 }

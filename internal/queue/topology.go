@@ -296,10 +296,12 @@ func intakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, strea
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: c.MaxAckPending,
+		// As many replicas as the stream, as a work queue's consumer must
+		// have: see Placed.
 	}
 	var cons jetstream.Consumer
 	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
+		cons, err = bindConsumer(ctx, js, stream, cc)
 		return err
 	})
 	if err != nil {
@@ -416,6 +418,7 @@ func (c Config) QueueConsumer(pool string, q QueueKey) jetstream.ConsumerConfig 
 		MaxDeliver:    c.MaxDeliver,
 		MaxAckPending: c.MaxAckPending,
 		MaxWaiting:    4096,
+		Replicas:      1, // see Placed
 	}
 }
 
@@ -437,15 +440,42 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool str
 	return nil
 }
 
-// BindQueue creates or updates the consumer of a pool's queue with the
-// worker's configuration, and returns it.
+// BindQueue returns the consumer of a pool's queue, made with the worker's
+// configuration if it has none, its ack wait and bounds set to the
+// worker's if it has; where it is placed, its replicas and where it
+// delivers from are left as they are (see Placed).
 func BindQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
-	cons, err := js.CreateOrUpdateConsumer(ctx, c.Names.PoolStreamV2(pool), c.QueueConsumer(pool, q))
+	cons, err := bindConsumer(ctx, js, c.Names.PoolStreamV2(pool), c.QueueConsumer(pool, q))
 	if err != nil {
 		return nil, fmt.Errorf("bind to queue %s of pool %s: %w", c.Names.QueueConsumer(q.Priority, q.Tenant), pool, err)
 	}
 	return cons, nil
+}
+
+// bindConsumer returns the durable consumer want names on stream: made as
+// want says when there is none; else with want's ack wait, deliveries
+// and bounds, and what the consumer has of the rest (its replicas, where it
+// delivers from), which a placer or a remake may have changed.
+func bindConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	cons, err := js.Consumer(ctx, stream, want.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cons, err = js.CreateConsumer(ctx, stream, want)
+		if !errors.Is(err, jetstream.ErrConsumerExists) {
+			return cons, err
+		}
+		cons, err = js.Consumer(ctx, stream, want.Durable) // another made it a moment ago
+	}
+	if err != nil {
+		return nil, err
+	}
+	have := cons.CachedInfo().Config
+	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
+		have.Description == want.Description {
+		return cons, nil
+	}
+	have.AckWait, have.MaxDeliver, have.MaxAckPending, have.Description = want.AckWait, want.MaxDeliver, want.MaxAckPending, want.Description
+	return js.UpdateConsumer(ctx, stream, have)
 }
 
 // Queues lists a pool's queues, with what their consumers last said of

@@ -301,6 +301,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	poll := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: func(ctx context.Context) {
 		w.readPause(ctx)
 		w.refreshQueues(ctx)
+		w.remakeLost(ctx)
 	}, Later: true}
 	if err := w.background.Start(ctx, "the reading of the pool's state and queues", poll); err != nil {
 		return err
@@ -514,6 +515,7 @@ func (w *Worker) pull() {
 		}
 		batch, err := only.cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
+			only.heardFrom(err)
 			w.slots.release(n)
 			<-fetches
 			if w.pullCtx.Err() != nil {
@@ -549,6 +551,11 @@ func (w *Worker) pull() {
 			}
 			w.slots.release(n - used)
 			err := batch.Error()
+			if used > 0 {
+				only.heardFrom(nil)
+			} else {
+				only.heardFrom(err)
+			}
 			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
 				failing.Store(0)
 				<-fetches
