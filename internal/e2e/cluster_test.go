@@ -231,10 +231,10 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 // at a steady pace. It runs the jobs once undisturbed, then again while the
 // node leading the jobs stream, then the meta leader, then a third node are
 // killed with SIGKILL and restarted two seconds later. Every job ends with
-// exactly one result, in the stream and as heard by subscribers, none
-// fails or times out because of the failures, the worst submit→result
-// latency stays under 10 s, and the throughput over the run is at least
-// 0.7 times the undisturbed run's.
+// exactly one result, in the stream and as heard by subscribers
+// (historytest), none fails or times out because of the failures, the
+// worst submit→result latency stays under 10 s, and the throughput over
+// the run is at least 0.9 times the undisturbed run's.
 func TestChaosOnACluster(t *testing.T) {
 	// Paced for 36 s, so that each kill is twelve seconds from the next: a
 	// node killed takes the leadership of its Raft groups with it, their
@@ -286,20 +286,18 @@ func TestChaosOnACluster(t *testing.T) {
 			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.rate()/calm.rate(), r.p50.Round(time.Millisecond),
 			r.worst.Round(time.Millisecond), r.lost, r.unheard)
 	}
-	// A killed node takes the leadership of its Raft groups (streams,
-	// consumers) with it; their followers elect another 4 to 9 s after the
-	// last heartbeat they had from it. A job that meets that wait, the
-	// fleet's own notice of the election's end (at most a try's timeout of
-	// 1.5 s) and its own run is what the worst latency measures: under 10 s
-	// in a typical run, never under the cluster's own 9 s.
+	// A killed node takes the leadership of its Raft groups with it; their
+	// followers elect another 4 to 9 s after the last heartbeat they had
+	// from it. A pool's queues live with its stream's leader (queue.Placed),
+	// so that a job meets one election, and what the fleet adds to it
+	// (TestFailoverCostsOnlyTheElections) is well under a second: the worst
+	// stays under 10 s.
 	for _, r := range []run{storm, stored} {
-		if r.worst > 12*time.Second {
-			t.Errorf("the worst submit→result latency was %s with nodes failing, over 12 s", r.worst)
-		} else if r.worst > 10*time.Second {
-			t.Logf("the worst submit→result latency was %s, over 10 s: an election that took the cluster's longest", r.worst)
+		if r.worst > 10*time.Second {
+			t.Errorf("the worst submit→result latency was %s with nodes failing, over 10 s", r.worst)
 		}
-		if r.rate() < 0.7*calm.rate() {
-			t.Errorf("%.0f jobs/s with nodes failing, under 0.7 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
+		if r.rate() < 0.9*calm.rate() {
+			t.Errorf("%.0f jobs/s with nodes failing, under 0.9 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
 		}
 	}
 	for _, p := range append(ds, workers...) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -116,6 +117,10 @@ func (j *Jobs) Msg(rec *job.Record, rev uint64) (*nats.Msg, error) {
 // top of the compare-and-set that orders every version.
 func FinalMsgID(k JobKey) string { return k.Tenant + "/" + k.ID + "/final" }
 
+// firstWrite is how long the first try of a record's write waits for its
+// answer: far longer than a quorum write takes on a busy cluster.
+const firstWrite = 500 * time.Millisecond
+
 // write stores rec with compare-and-set against revision rev. A write
 // whose answer was lost (see Ambiguous) is sent again; if the second try
 // finds the record changed, the change may be the first try's own: the
@@ -131,19 +136,25 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 	}
 	var newRev uint64
 	ambiguous := false
-	// The first try waits for its answer without a timer of its own: the
-	// stream answers at once but while it elects a leader, and then the
-	// tries of Retry take over.
+	// The first try waits for its answer firstWrite at most: a write the
+	// stream's leader took as it handed its leadership over (to the server
+	// of the pool's queues, see Placed) is never answered, and waiting for
+	// the asynchronous publish's own timeout would hold the job that long.
+	// Then the tries of Retry take over.
 	duplicate := false
 	f, err := j.js.PublishMsgAsync(m)
 	if err == nil {
+		t := time.NewTimer(firstWrite)
 		select {
 		case ack := <-f.Ok():
 			newRev, duplicate = ack.Sequence, ack.Duplicate
 		case err = <-f.Err():
+		case <-t.C:
+			err = jetstream.ErrAsyncPublishTimeout
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
+		t.Stop()
 	}
 	if err != nil && Ambiguous(err) && ctx.Err() == nil {
 		ambiguous = true
