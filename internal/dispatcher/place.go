@@ -31,11 +31,13 @@ type placer struct {
 	mu    sync.Mutex
 	known map[string][]string  // stream: its consumers, as last listed
 	moved map[string]time.Time // stream: when the balancer moved its leader
+	since map[string]time.Time // stream: since when its replica by its queues catches up
 	now   chan struct{}        // a stream elected a leader
 }
 
 func newPlacer() *placer {
-	return &placer{known: map[string][]string{}, moved: map[string]time.Time{}, now: make(chan struct{}, 1)}
+	return &placer{known: map[string][]string{}, moved: map[string]time.Time{}, since: map[string]time.Time{},
+		now: make(chan struct{}, 1)}
 }
 
 // elected hears the servers' advisory that a stream elected a leader.
@@ -121,17 +123,25 @@ func (d *Dispatcher) placeStream(ctx context.Context, stream string) error {
 		}
 		cis = append(cis, c.CachedInfo())
 	}
-	// The stream elected its leader away from its queues, all on one
-	// server, whose replica of the stream is current: the stream's
-	// leadership goes back there.
-	if at := queuesTogether(cis, one); at != "" && at != leader && current(info, at) && !d.placer.balanced(stream) {
-		if err := d.stepDown(ctx, stream, at); err != nil {
+	switch how, to := planPlacement(info, cis, one, d.placer.balanced(stream)); how {
+	case placeWait:
+		if d.placer.wait(stream) {
+			time.AfterFunc(250*time.Millisecond, func() { d.placer.elected(nil) })
+			return nil
+		}
+	case placeStream:
+		d.placer.waited(stream)
+		if err := d.stepDown(ctx, stream, to); err != nil {
 			return err
 		}
 		d.m.queueMoves.Add(ctx, 1, metric.WithAttributes(attribute.String("stream", stream)))
-		d.log.Info("moved the leadership of a stream back to the server of its queues", "stream", stream, "from", leader, "to", at)
+		d.log.Info("moved the leadership of a stream back to the server of its queues", "stream", stream, "from", leader, "to", to)
+		return nil
+	case placeNothing:
+		d.placer.waited(stream)
 		return nil
 	}
+	d.placer.waited(stream)
 	var errs []error
 	for _, ci := range cis {
 		name := ci.Name
@@ -149,6 +159,39 @@ func (d *Dispatcher) placeStream(ctx context.Context, stream string) error {
 			"from", from, "to", leader, "took", time.Since(began).Round(time.Millisecond))
 	}
 	return errors.Join(errs...)
+}
+
+// How a stream and its consumers are placed (planPlacement).
+const (
+	placeNothing = iota // they are where they should be
+	placeStream         // the stream's leadership goes to the server of its queues
+	placeWait           // as placeStream, once that server's replica has caught up
+	placeQueues         // each consumer out of place goes to the stream's leader
+)
+
+// planPlacement says how to place a stream (info) and its consumers (cis):
+// when the stream's leader is away from its queues, all on one server
+// holding a current replica of the stream, and the balancer did not move
+// it there on purpose (balanced), the stream's leadership goes back to
+// them, which is quick; to wait, when that replica is catching up; else
+// each consumer out of place goes to the stream's leader. With one, the
+// consumers have one replica; without (a work queue's), its replicas.
+func planPlacement(info *jetstream.StreamInfo, cis []*jetstream.ConsumerInfo, one, balanced bool) (how int, to string) {
+	leader := info.Cluster.Leader
+	if at := queuesTogether(cis, one); at != "" && at != leader && !balanced {
+		switch {
+		case current(info, at):
+			return placeStream, at
+		case replica(info, at):
+			return placeWait, at
+		}
+	}
+	for _, ci := range cis {
+		if !queue.Placement(ci, leader, one) {
+			return placeQueues, leader
+		}
+	}
+	return placeNothing, ""
 }
 
 // queuesTogether returns the server that leads every consumer of cis, each
@@ -171,6 +214,41 @@ func queuesTogether(cis []*jetstream.ConsumerInfo, one bool) string {
 func current(info *jetstream.StreamInfo, server string) bool {
 	for _, r := range info.Cluster.Replicas {
 		if r.Name == server && r.Current && !r.Offline {
+			return true
+		}
+	}
+	return false
+}
+
+// catchUp is how long the placer waits for a stream's replica on the
+// server of its queues to catch up, before it moves the queues instead.
+const catchUp = 3 * time.Second
+
+// wait reports whether the placer still waits for a stream's replica to
+// catch up, noting since when it does.
+func (p *placer) wait(stream string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	since, ok := p.since[stream]
+	if !ok {
+		p.since[stream] = time.Now()
+		return true
+	}
+	return time.Since(since) < catchUp
+}
+
+// waited ends a wait for a stream's replica.
+func (p *placer) waited(stream string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.since, stream)
+}
+
+// replica reports whether server holds a replica of a stream, current or
+// not.
+func replica(info *jetstream.StreamInfo, server string) bool {
+	for _, r := range info.Cluster.Replicas {
+		if r.Name == server && !r.Offline {
 			return true
 		}
 	}
