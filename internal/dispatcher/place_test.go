@@ -15,7 +15,9 @@ func TestPlanPlacement(t *testing.T) {
 	stream := func(leader string, replicas ...*jetstream.PeerInfo) *jetstream.StreamInfo {
 		return &jetstream.StreamInfo{Cluster: &jetstream.ClusterInfo{Leader: leader, Replicas: replicas}}
 	}
-	peer := func(name string, current bool) *jetstream.PeerInfo { return &jetstream.PeerInfo{Name: name, Current: current} }
+	peer := func(name string, current bool) *jetstream.PeerInfo {
+		return &jetstream.PeerInfo{Name: name, Current: current}
+	}
 	queue := func(name, leader string, replicas int) *jetstream.ConsumerInfo {
 		return &jetstream.ConsumerInfo{Name: name, Config: jetstream.ConsumerConfig{Replicas: replicas},
 			Cluster: &jetstream.ClusterInfo{Leader: leader}}
