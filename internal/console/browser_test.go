@@ -18,6 +18,7 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -26,6 +27,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor/process"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/historytest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
 	"github.com/fleet-dev/fleet/internal/testenv"
@@ -579,7 +581,8 @@ func TestConsoleReadOnlyOffersAndAcceptsNoAction(t *testing.T) {
 
 // TestConsoleWorkersPageLosesAKilledWorker: a worker process SIGKILLed
 // leaves the workers page within its heartbeat TTL (and the console's
-// refresh), and shows among the recently lost with the job it held.
+// refresh), and shows among the recently lost with the job it held; that
+// job, cancelled, ends once (historytest).
 func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
 	const interval = 500 * time.Millisecond
 	ttl := 3 * interval
@@ -588,6 +591,8 @@ func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
 	env := []string{"FLEET_NATS_URL=" + s.f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
 	w := fleettest.StartProc(t, "worker", env, "--id", "doomed-worker", "--slots", "2", "--heartbeat-interval", interval.String())
 	w.WaitOutput(t, "worker started", 30*time.Second)
+	nc := s.f.NATS.Connect(t)
+	ear := historytest.Listen(t, nc, queue.Names{}, job.DefaultTenant, "default")
 	id := s.f.Submit(t, &job.Request{ID: "held-by-doomed", Command: []string{"sleep", "30"}})
 
 	b := newBrowser(t)
@@ -616,6 +621,22 @@ func TestConsoleWorkersPageLosesAKilledWorker(t *testing.T) {
 	if errs := b.errors(); len(errs) > 0 {
 		t.Errorf("errors: %v", errs)
 	}
+
+	// The job it held, cancelled, ends once when a worker gets it again.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.f.Client.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	s.worker(t, "heir")
+	if r := s.f.Await(t, id, 30*time.Second); r.Status != job.StatusCancelled {
+		t.Errorf("the cancelled job of the killed worker: %s %+v", r.Status, r.Failure)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	historytest.Require(t, js, queue.Names{}, job.DefaultTenant, "default", "", []string{id}, ear)
 }
 
 // TestConsolesAgreeAndRebuildFromTheStreams: a console that followed jobs

@@ -70,6 +70,8 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir()}
 	w := fleettest.StartProc(t, "worker", env, "--id", "mortal", "--slots", "3", "--heartbeat-interval", "300ms")
 	w.WaitOutput(t, "worker started", 20*time.Second)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	id := f.Submit(t, &job.Request{ID: "held", Command: []string{"sleep", "30"}, Retry: &job.RetryPolicy{MaxAttempts: 2}})
 
 	ctx := context.Background()
@@ -122,6 +124,19 @@ func TestKilledWorkerSlotsReturnWithinTheTTL(t *testing.T) {
 	if u, err := caps.Usage(ctx, "default", "mortal"); err != nil || u.Slots != 0 || u.SlotsUsed != 0 {
 		t.Errorf("the dead worker's slots: %+v %v", u, err)
 	}
+
+	// The job, cancelled while its record says the dead worker runs it,
+	// ends once, cancelled, when a worker gets its message again.
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	if _, err := f.Client.Cancel(cctx, id); err != nil {
+		t.Fatal(err)
+	}
+	f.Worker(t, processExec(t), worker.Config{Slots: 1})
+	if r := f.Await(t, id, 30*time.Second); r.Status != job.StatusCancelled {
+		t.Errorf("the cancelled job of the dead worker: %s %+v", r.Status, r.Failure)
+	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{id}, ear)
 }
 
 func TestAdmissionRefusesWhatNoWorkerCouldRun(t *testing.T) {
@@ -169,6 +184,8 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 	caps := openCapacity(t, rs.URL())
 	f := fleettest.Start(t)
 	w := capacityWorker(t, f, caps, "steady", 4, nil, nil)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	var ids []string
 	// 24 jobs of a second on 4 slots: six seconds of work, so that jobs
 	// still run when Redis is back and its leases are compared with them
@@ -197,6 +214,7 @@ func TestRedisOutageLosesNoJobAndLeasesEndTrue(t *testing.T) {
 		leases, _ := caps.Leases(ctx, "default", "steady")
 		return err == nil && u.Slots == 4 && u.SlotsUsed == 0 && len(leases) == 0
 	})
+	requireHistory(t, nc, job.DefaultTenant, "default", "", ids, ear)
 }
 
 // capacityAPI starts Redis, a fleet and the dispatcher's HTTP API with its
@@ -337,6 +355,8 @@ func TestKilledWorkersJobsRunAgainWithinTheTTL(t *testing.T) {
 	}
 	mortal := fleettest.StartProc(t, "worker", env, args("mortal")...)
 	mortal.WaitOutput(t, "worker started", 20*time.Second)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	var ids []string
 	for i := range 4 {
 		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("held-%d", i), Command: []string{"sleep", "3"}}))
@@ -362,4 +382,5 @@ func TestKilledWorkersJobsRunAgainWithinTheTTL(t *testing.T) {
 			t.Errorf("%s ran again %s after its worker was killed, more than the heartbeat TTL %s and a second", id, again, ttl)
 		}
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", ids, ear)
 }

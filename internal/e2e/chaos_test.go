@@ -17,7 +17,8 @@ import (
 // them is SIGKILLed and restarted every 1.5 seconds. At the end every job
 // has exactly one final result and one final event, none is lost, and each
 // job's attempts add up: the last one plus one history entry for every
-// attempt lost with a worker.
+// attempt lost with a worker; and its history, as the pool's stream holds
+// it, passes historytest, with no result heard twice.
 func TestChaos(t *testing.T) {
 	const jobs = 500
 	f := fleettest.Start(t)
@@ -29,21 +30,25 @@ func TestChaos(t *testing.T) {
 	}
 	workers := []*fleettest.Proc{start(0), start(1), start(2)}
 	time.Sleep(time.Second)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// A job may be unlucky several times in a row: a kill every 1.5 s.
 	maxLost := 10
+	var ids []string
 	for i := 0; i < jobs; i++ {
-		r := &job.Request{ID: fmt.Sprintf("chaos-%03d", i), Command: []string{"sleep", "0.5"},
+		ids = append(ids, fmt.Sprintf("chaos-%03d", i))
+		r := &job.Request{ID: ids[i], Command: []string{"sleep", "0.5"},
 			Retry: &job.RetryPolicy{MaxAttempts: 10, MaxLost: &maxLost, InitialBackoff: dur(50 * time.Millisecond)}}
 		if _, err := f.Client.Submit(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	js, _ := jetstream.New(f.NATS.Connect(t))
+	js, _ := jetstream.New(nc)
 	// A job's final record, with its one result, is on its r subject.
 	results, err := js.Stream(ctx, "FLEET_POOL_default")
 	if err != nil {
@@ -125,6 +130,7 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("chaos: %d jobs, 3 workers, %d SIGKILLs in %s; %d attempts, %d lost with their worker; every job one result",
 		jobs, kills, elapsed.Round(100*time.Millisecond), attempts, lost)
+	requireHistory(t, nc, job.DefaultTenant, "default", "chaos-", ids, ear)
 }
 
 // readEvents reads the lifecycle events of the default pool's stream, one

@@ -69,7 +69,7 @@ func awaitJobs(t *testing.T, c *client.Client, ids []string, within time.Duratio
 // dispatcher, wait and say so; two dispatchers started at the same instant
 // with --replicas 3 both become ready, quickly; jobs run. The node leading
 // the jobs stream is killed while jobs run: they finish, no process exits,
-// and new jobs run.
+// new jobs run, and every job ends once (historytest).
 func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 	fleettest.Binary(t, "worker") // built before the cluster starts, so the workers meet its election
 	c := natstest.RunCluster(t, 3)
@@ -112,7 +112,9 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	awaitJobs(t, cl, submitJobs(t, cl, "fresh", 20, "0"), time.Minute)
+	ear := listen(t, nc, job.DefaultTenant, "default")
+	fresh := submitJobs(t, cl, "fresh", 20, "0")
+	awaitJobs(t, cl, fresh, time.Minute)
 
 	// Jobs running while the node that leads the jobs stream dies: their
 	// acks, progress, events and results ride through the election.
@@ -122,7 +124,8 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 	c.Kill(victim)
 	awaitJobs(t, cl, running, 2*time.Minute)
 	c.WaitReady(t, 30*time.Second)
-	awaitJobs(t, cl, submitJobs(t, cl, "after-kill", 10, "0"), time.Minute)
+	after := submitJobs(t, cl, "after-kill", 10, "0")
+	awaitJobs(t, cl, after, time.Minute)
 	c.Restart(victim)
 	c.WaitReady(t, 30*time.Second)
 	for _, p := range append(ds, workers...) {
@@ -130,12 +133,14 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 			t.Fatalf("a process exited when a NATS node died:\n%s", p.Output())
 		}
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", slices.Concat(fresh, running, after), ear)
 }
 
 // The node that leads the dispatchers' consumer of the intake stream dies,
 // with the pull requests the dispatchers left there. Submissions the stream
 // takes after it (core publishes with ids, as a fire-and-forget producer
-// sends them) run within seconds, and no process exits.
+// sends them) run within seconds, each once (historytest), and no process
+// exits.
 func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	fleettest.Binary(t, "worker")
 	c := natstest.RunCluster(t, 3)
@@ -173,6 +178,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	lastSeq := func() uint64 {
@@ -223,6 +229,7 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 			t.Fatalf("a process exited when a NATS node died:\n%s", p.Output())
 		}
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", ids, ear)
 }
 
 // TestChaosOnACluster runs the fleet as it runs for real: a three-node
@@ -618,8 +625,8 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 // dispatchers, worker processes) and SIGKILLs the server leading the pools
 // bucket while the pool is paused: the pause holds through the election,
 // the pool's jobs wait while another pool's run, and after the resume (and
-// the server's restart) they all run once. A job with not_before starts
-// after it there too.
+// the server's restart) they all run once (historytest, in each pool). A
+// job with not_before starts after it there too.
 func TestPauseOnACluster(t *testing.T) {
 	c, env := clusterWithDispatchers(t)
 	for _, p := range []string{"held", "free"} {
@@ -633,6 +640,7 @@ func TestPauseOnACluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	heldEar, freeEar := listen(t, nc, job.DefaultTenant, "held"), listen(t, nc, job.DefaultTenant, "free")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := cl.PausePool(ctx, "held", "cluster test"); err != nil {
@@ -687,4 +695,6 @@ func TestPauseOnACluster(t *testing.T) {
 	if res.StartedAt == nil || res.StartedAt.Before(at) {
 		t.Errorf("the not_before job started at %v, before %s", res.StartedAt, at)
 	}
+	requireHistory(t, nc, job.DefaultTenant, "held", "", append(held, "held-later"), heldEar)
+	requireHistory(t, nc, job.DefaultTenant, "free", "", free, freeEar)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -19,7 +21,7 @@ import (
 
 // Several dispatchers set up the same streams at once and share the
 // submissions; each request gets exactly one answer, whichever dispatcher
-// processes it.
+// processes it, and each job one result (historytest).
 func TestSeveralDispatchersShareTheWork(t *testing.T) {
 	srv := natstest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -60,6 +62,7 @@ func TestSeveralDispatchersShareTheWork(t *testing.T) {
 
 	nc := srv.Connect(t)
 	c, _ := client.New(nc)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	const n = 60
 	ids := make(chan string, n)
 	for i := 0; i < n; i++ {
@@ -97,4 +100,5 @@ func TestSeveralDispatchersShareTheWork(t *testing.T) {
 	if len(seen) != n {
 		t.Errorf("%d answers for %d submissions", len(seen), n)
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", slices.Collect(maps.Keys(seen)), ear)
 }

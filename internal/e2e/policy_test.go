@@ -133,6 +133,8 @@ func TestExhaustedJobIsDeadLetteredOnceAndRetried(t *testing.T) {
 func TestCancelInEveryState(t *testing.T) {
 	f := fleettest.Start(t)
 	ctx := context.Background()
+	nc := f.NATS.Connect(t)
+	laterEar, ear := listen(t, nc, job.DefaultTenant, "later"), listen(t, nc, job.DefaultTenant, "default")
 	cancel := func(id string) string {
 		t.Helper()
 		r, err := f.Client.Cancel(ctx, id)
@@ -189,6 +191,9 @@ func TestCancelInEveryState(t *testing.T) {
 	if _, err := f.Client.Cancel(ctx, "no-such-job"); err == nil {
 		t.Error("cancel of an unknown job did not fail")
 	}
+	// A cancel and a worker never both end a job.
+	requireHistory(t, nc, job.DefaultTenant, "later", "", []string{queued}, laterEar)
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{running, waiting}, ear)
 }
 
 func waitEvent(t *testing.T, f *fleettest.Fleet, id string, typ job.EventType) *job.Event {
@@ -237,6 +242,8 @@ func TestDrainHandsJobsBackAtOnceWithoutCountingThem(t *testing.T) {
 	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_REDIS_URL="}
 	first := fleettest.StartProc(t, "worker", env, "--id", "leaving", "--slots", "2", "--drain-timeout", "1s", "--grace", "200ms")
 	first.WaitOutput(t, "worker started", 20*time.Second)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	quick := f.Submit(t, &job.Request{ID: "quick", Command: []string{"sleep", "0.5"}})
 	long := f.Submit(t, &job.Request{ID: "long", Command: []string{"sleep", "2"}})
 	waitEvent(t, f, long, job.EventStarted)
@@ -266,6 +273,8 @@ func TestDrainHandsJobsBackAtOnceWithoutCountingThem(t *testing.T) {
 		t.Errorf("%d succeeded events", n)
 	}
 	_ = stayer
+	// The hand-back gave back exactly the attempt it had recorded.
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{quick, long}, ear)
 }
 
 func TestOOMRetryRaisesMemory(t *testing.T) {

@@ -104,6 +104,8 @@ func TestRedisSentinelFailoverLosesNoJob(t *testing.T) {
 	t.Logf("Sentinel setup ready in %s", time.Since(start).Round(time.Millisecond))
 	caps := openCapacity(t, st.URL())
 	f := haFleet(t, caps)
+	nc := f.NATS.Connect(t)
+	ear, late := listen(t, nc, job.DefaultTenant, "default"), listen(t, nc, job.DefaultTenant, "late")
 	workers := map[string]*worker.Worker{}
 	for _, id := range []string{"sen-1", "sen-2"} {
 		workers[id] = haWorker(t, f, caps, id, "default", 3)
@@ -161,6 +163,8 @@ func TestRedisSentinelFailoverLosesNoJob(t *testing.T) {
 	// after the failover is admitted, and what no worker could run is not.
 	haWorker(t, f, caps, "sen-late", "late", 1)
 	checkAdmission(t, f, "late", "after")
+	requireHistory(t, nc, job.DefaultTenant, "default", "", append(ids, "fits-before"), ear)
+	requireHistory(t, nc, job.DefaultTenant, "late", "", []string{"fits-after"}, late)
 }
 
 // A fleet on a Redis Cluster of three masters: leases and heartbeats of
@@ -172,6 +176,8 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	caps := openCapacity(t, cl.URL())
 	f := haFleet(t, caps)
 	ctx := context.Background()
+	nc := f.NATS.Connect(t)
+	ear, doomed := listen(t, nc, job.DefaultTenant, "default"), listen(t, nc, job.DefaultTenant, "doomed")
 
 	// The workers' keys lie on at least two masters, so a command over
 	// several workers' keys would fail here.
@@ -255,6 +261,21 @@ func TestRedisClusterCarriesCapacity(t *testing.T) {
 	if u, err := caps.Usage(ctx, "doomed", "cl-doomed"); err != nil || u.Slots != 0 || len(mustLeases(t, caps, "doomed", "cl-doomed")) != 0 {
 		t.Errorf("the reaped worker's slots: %+v %v", u, err)
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", append(ids, "fits-cluster"), ear)
+
+	// The job the doomed worker held, cancelled while its record says
+	// that worker runs it, ends once, cancelled, when a worker of its pool
+	// gets its message again.
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := f.Client.Cancel(cctx, held); err != nil {
+		t.Fatal(err)
+	}
+	f.Worker(t, processExec(t), worker.Config{Pool: "doomed", Slots: 1})
+	if r := f.Await(t, held, 30*time.Second); r.Status != job.StatusCancelled {
+		t.Errorf("the cancelled job of the doomed worker: %s %+v", r.Status, r.Failure)
+	}
+	requireHistory(t, nc, job.DefaultTenant, "doomed", "", []string{held}, doomed)
 }
 
 // eventsUntil reads a job's events until one of phase comes (or 10 s pass).

@@ -22,6 +22,7 @@ import (
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/historytest"
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
@@ -42,6 +43,10 @@ type outageFleet struct {
 	names   queue.Names
 	env     []string
 	workers map[string]*fleettest.Proc
+	// ear hears the results from before the first job; ids are the jobs
+	// submitted, each of which must end once (see requireHistory).
+	ear *historytest.Ear
+	ids []string
 }
 
 // natsProcess starts a nats-server process with JetStream in files, killed
@@ -109,6 +114,7 @@ func startOutageFleet(t *testing.T, ackWait time.Duration) *outageFleet {
 	if f.cl, err = client.New(f.nc); err != nil {
 		t.Fatal(err)
 	}
+	f.ear = listen(t, f.nc, job.DefaultTenant, "default")
 	waitFor(t, "both workers' heartbeats", 10*time.Second, func() bool {
 		hbs, err := f.caps.Workers(context.Background(), "default")
 		return err == nil && len(hbs) == 2
@@ -195,6 +201,7 @@ func (f *outageFleet) load(t *testing.T, name string, n, rate int, atAfter time.
 		if err != nil {
 			t.Fatalf("%s: submit %s: %v", name, id, err)
 		}
+		f.ids = append(f.ids, id)
 	}
 	select {
 	case <-all:
@@ -294,6 +301,7 @@ func TestRedisOutageCostsNothing(t *testing.T) {
 	up := startOutageFleet(t, ackWait)
 	base := up.load(t, "Redis up throughout", n, rate, 0, nil)
 	t.Logf("%s", base)
+	up.requireHistory(t)
 	for _, w := range up.workers {
 		w.Kill()
 	}
@@ -383,6 +391,7 @@ func TestRedisOutageCostsNothing(t *testing.T) {
 			t.Errorf("%s ran again %s after the kill: the reaper did not find its worker within the TTL", id, again)
 		}
 	}
+	f.requireHistory(t)
 }
 
 // Submit submits a job of `sleep secs` and returns its id.
@@ -394,7 +403,15 @@ func (f *outageFleet) Submit(t *testing.T, id, secs string) string {
 	if err != nil {
 		t.Fatalf("submit %s: %v", id, err)
 	}
+	f.ids = append(f.ids, s.JobID)
 	return s.JobID
+}
+
+// requireHistory checks the history of every job of the fleet's default
+// pool: the jobs submitted through it each ended once.
+func (f *outageFleet) requireHistory(t *testing.T) {
+	t.Helper()
+	requireHistory(t, f.nc, job.DefaultTenant, "default", "", f.ids, f.ear)
 }
 
 func awaitResult(t *testing.T, cl *client.Client, id string, within time.Duration) *job.Result {
@@ -449,6 +466,7 @@ func TestWorkerKilledDuringRedisOutage(t *testing.T) {
 			t.Errorf("%s ran again %s after the kill, more than its ack wait %s and 3 s", id, again, ackWait)
 		}
 	}
+	f.requireHistory(t)
 }
 
 // haOutage runs the load on in-process workers of a fleet on caps, before
@@ -469,7 +487,8 @@ func haOutage(t *testing.T, caps *capacity.Store, kill, restore func()) {
 		hbs, err := caps.Workers(context.Background(), "default")
 		return err == nil && len(hbs) == 2
 	})
-	of := &outageFleet{nc: f.NC, cl: f.Client}
+	of := &outageFleet{nc: f.NATS.Connect(t), cl: f.Client}
+	of.ear = listen(t, of.nc, job.DefaultTenant, "default")
 	const n, rate = 150, 20 // on 6 slots, which hold 30/s
 	before := of.load(t, "Redis whole", n, rate, 0, nil)
 	during := of.load(t, "Redis part gone 1 s in", n, rate, time.Second, kill)
@@ -487,6 +506,7 @@ func haOutage(t *testing.T, caps *capacity.Store, kill, restore func()) {
 	for i := range 4 {
 		ids = append(ids, f.Submit(t, &job.Request{ID: fmt.Sprintf("across-%d", i), Command: []string{"sleep", "5"}}))
 	}
+	of.ids = append(of.ids, ids...)
 	waitFor(t, "the long jobs to run", 5*time.Second, func() bool {
 		return workers["lone-1"].Running()+workers["lone-2"].Running() == len(ids)
 	})
@@ -514,6 +534,7 @@ func haOutage(t *testing.T, caps *capacity.Store, kill, restore func()) {
 			t.Errorf("%s: %s", id, r.Status)
 		}
 	}
+	of.requireHistory(t)
 }
 
 // A Cluster master without a replica dies for good: the cluster refuses

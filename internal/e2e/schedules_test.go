@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -21,8 +23,8 @@ import (
 // and a schedule firing every 2 s; it kills (SIGKILL) the one holding the
 // schedules' lease and checks that the other takes the lease over and goes
 // on firing: every slot from the first firing to the last fired once, no
-// job id queued twice, each job run once, and the firings after the kill
-// late by at most the lease and a second.
+// job id queued twice, each job run once with one result (historytest),
+// and the firings after the kill late by at most the lease and a second.
 func TestScheduleSurvivesItsDispatchersKill(t *testing.T) {
 	const (
 		every = 2 * time.Second
@@ -55,6 +57,7 @@ func TestScheduleSurvivesItsDispatchersKill(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the schedules' bucket: %v", err)
 	}
+	ear := listen(t, nc, job.DefaultTenant, "default")
 	iv := job.Duration(every)
 	if _, err := c.CreateSchedule(ctx, &job.Schedule{Name: name, Every: &iv, Overlap: job.OverlapAllow,
 		Template: &job.Request{Command: []string{"true"}}}); err != nil {
@@ -142,6 +145,9 @@ func TestScheduleSurvivesItsDispatchersKill(t *testing.T) {
 		t.Errorf("the schedule's counts: made %d, missed %d, skipped %d; %d jobs", info.State.Made, info.State.Missed,
 			info.State.Skipped, len(recs))
 	}
+	// The schedule fires on: the firings read above must have ended,
+	// and any later one may still run.
+	requireHistory(t, nc, job.DefaultTenant, "default", name+"-", slices.Collect(maps.Keys(recs)), ear)
 }
 
 // holder is the dispatcher the schedules' lease names.

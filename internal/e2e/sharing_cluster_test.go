@@ -23,7 +23,7 @@ import (
 // jobs at priority 1. Jobs start again within two heartbeat intervals of
 // the kill, the urgent jobs before low's that wait, and every job ends
 // with one result, run once or, when its attempt was lost with the
-// server, again.
+// server, again (historytest, with an ear for each tenant).
 func TestSharingThroughALeaderFailover(t *testing.T) {
 	// The workers beat every 10 s here (3 s by default): an election on
 	// this machine's cluster takes 2 to 8 s alone and more beside other
@@ -43,6 +43,8 @@ func TestSharingThroughALeaderFailover(t *testing.T) {
 		return cl
 	}
 	low, urgent := tenant("low"), tenant("urgent")
+	nc := c.Connect(t)
+	lowEar, hiEar := listen(t, nc, "low", "shared"), listen(t, nc, "urgent", "shared")
 	req := func(id string, p int) *job.Request {
 		r := clusterJob(id, "0.3")
 		r.Pool, r.Priority = "shared", p
@@ -144,7 +146,7 @@ func TestSharingThroughALeaderFailover(t *testing.T) {
 		t.Errorf("%d of low's priority-5 jobs started after urgent's priority-1 jobs were queued, before they had all started", overtook)
 	}
 	// The queues are the consumers the docs name.
-	js, err := jetstream.New(c.Connect(t))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +154,8 @@ func TestSharingThroughALeaderFailover(t *testing.T) {
 	if err != nil || qs[queue.QueueKey{Priority: 5, Tenant: "low"}] == nil || qs[queue.QueueKey{Priority: 1, Tenant: "urgent"}] == nil {
 		t.Errorf("the pool's queues: %v %v", qs, err)
 	}
+	requireHistory(t, nc, "low", "shared", "", lowIDs, lowEar)
+	requireHistory(t, nc, "urgent", "shared", "", hiIDs, hiEar)
 }
 
 // submitReq submits r, looking it up when the answer was lost (see

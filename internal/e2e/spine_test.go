@@ -186,6 +186,8 @@ func TestDuplicateIDIsAcceptedOnceAndRunOnce(t *testing.T) {
 	f.Worker(t, processExec(t), worker.Config{Slots: 4})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 
 	r := &job.Request{ID: "only-once", Command: []string{"sh", "-c", "sleep 0.2"}}
 	var wg sync.WaitGroup
@@ -223,6 +225,7 @@ func TestDuplicateIDIsAcceptedOnceAndRunOnce(t *testing.T) {
 	if dups+fresh != 5 || dups < 1 {
 		t.Errorf("%d fresh and %d duplicate answers to 5 concurrent submissions", fresh, dups)
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{"only-once"}, ear)
 }
 
 func TestBadRequestsAreRejectedWithAReason(t *testing.T) {
@@ -305,6 +308,8 @@ func TestKilledWorkerLosesNoJob(t *testing.T) {
 	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_REDIS_URL="}
 	first := fleettest.StartProc(t, "worker", env, "--id", "doomed", "--slots", "2", "--ack-wait", "2s")
 	first.WaitOutput(t, "worker started", 20*time.Second)
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 
 	marker := t.TempDir()
 	id := f.Submit(t, &job.Request{ID: "survivor", Retry: &job.RetryPolicy{MaxAttempts: 3},
@@ -326,6 +331,7 @@ func TestKilledWorkerLosesNoJob(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(marker, "attempt-1")); err != nil {
 		t.Error(err)
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{id}, ear)
 }
 
 func TestDispatcherRestartLosesNothingAccepted(t *testing.T) {
@@ -340,6 +346,7 @@ func TestDispatcherRestartLosesNothingAccepted(t *testing.T) {
 	d := fleettest.StartProc(t, "dispatcher", env)
 	d.WaitOutput(t, "dispatcher ready", 20*time.Second)
 	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 
 	var accepted []string
 	for i := 0; i < 40; i++ {
@@ -369,6 +376,7 @@ func TestDispatcherRestartLosesNothingAccepted(t *testing.T) {
 			t.Errorf("%s: %s", id, r.Status)
 		}
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", accepted, ear)
 }
 
 func eventTypes(evs []*job.Event) string {
@@ -426,6 +434,8 @@ func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Worker(t, processExec(t), worker.Config{Slots: 2})
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
 
 	type answer struct {
 		s   *client.Submission
@@ -455,7 +465,7 @@ func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
 	if r := f.Await(t, "retried", 20*time.Second); r.Status != job.StatusSucceeded || r.Attempts != 1 {
 		t.Fatalf("result %s after %d attempts", r.Status, r.Attempts)
 	}
-	js, _ := jetstream.New(f.NATS.Connect(t))
+	js, _ := jetstream.New(nc)
 	info, err := js.Stream(ctx, "FLEET_POOL_default")
 	if err != nil {
 		t.Fatal(err)
@@ -471,4 +481,5 @@ func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
 			t.Fatalf("%s: %d messages, want %d", subject, n, want)
 		}
 	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{"retried"}, ear)
 }

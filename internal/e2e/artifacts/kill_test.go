@@ -16,6 +16,8 @@ import (
 	"github.com/fleet-dev/fleet/internal/artifact"
 	"github.com/fleet-dev/fleet/internal/executor/executortest"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/historytest"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -23,17 +25,19 @@ import (
 // a 128 MiB output: no object appears under the attempt's key, though its
 // chunks were being stored; the job is run again by another worker, whose
 // attempt's output is complete; the lost attempt's log keeps what it
-// printed.
+// printed; the job has one result (historytest).
 func TestWorkerKilledDuringUpload(t *testing.T) {
 	const size = 128 * mib
 	const seed = "killed-upload"
 	f := fleettest.Start(t)
 	prog := executortest.TestProgram(t)
 	want := randomSHA256(t, seed, size)
-	js, err := jetstream.New(f.NATS.Connect(t))
+	nc := f.NATS.Connect(t)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ear := historytest.Listen(t, nc, queue.Names{}, job.DefaultTenant, "killed")
 	store := f.Artifacts(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -114,4 +118,5 @@ func TestWorkerKilledDuringUpload(t *testing.T) {
 	if out := fleetctl(t, f, "logs", id); out != "starting\n" {
 		t.Errorf("the second attempt's log: %q", out)
 	}
+	historytest.Require(t, js, queue.Names{}, job.DefaultTenant, "killed", "", []string{id}, ear)
 }

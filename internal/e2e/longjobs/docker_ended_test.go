@@ -15,7 +15,7 @@ import (
 // TestDockerContainerThatEndedWhileNoWorkerRan: the worker is killed while
 // its container runs; the container exits 3 while no worker runs; the
 // worker, back with the same id, settles the job from the container's
-// real exit code, without running it again.
+// real exit code, without running it again: one result (historytest).
 func TestDockerContainerThatEndedWhileNoWorkerRan(t *testing.T) {
 	t.Parallel()
 	cli := dockertest.Client(t)
@@ -25,6 +25,7 @@ func TestDockerContainerThatEndedWhileNoWorkerRan(t *testing.T) {
 	id := "ended-" + job.NewID()[20:]
 	args := []string{"--executor", "docker", "--id", id, "--pool", "docker", "--data-dir", t.TempDir()}
 	w := f.worker(t, args...)
+	ear := f.listen(t, "docker")
 	jobID := f.Submit(t, &job.Request{ID: "exits-" + id, Pool: "docker", Image: image, PullPolicy: job.PullNever,
 		Command: []string{"/testprog", "echo", "ready", "sleep", "3s", "echo", "bye", "exit", "3"}, Timeout: dur(time.Minute)})
 	waitFor(t, "the container to run", time.Minute, func() bool {
@@ -52,4 +53,5 @@ func TestDockerContainerThatEndedWhileNoWorkerRan(t *testing.T) {
 		t.Errorf("adopted event %+v, %d started events", a, count(events, job.EventStarted, ""))
 	}
 	waitFor(t, "the settled container to be removed", 10*time.Second, func() bool { return len(containersOf(t, cli, jobID)) == 0 })
+	f.requireHistory(t, "docker", []string{jobID}, ear)
 }

@@ -35,7 +35,8 @@ func containersOf(t *testing.T, cli *client.Client, id string) []container.Summa
 // worker 5 s in (a SIGKILL; a SIGTERM with --handoff); the worker comes
 // back with the same id, keeps the container at start, and adopts it when
 // the job's message comes back: the same container finishes, the job
-// succeeds after one attempt with its output, with one result.
+// succeeds after one attempt with its output, with one result
+// (historytest: the adoption's version keeps the attempt's number).
 func TestDockerAdoptionWithTheSameID(t *testing.T) {
 	cli := dockertest.Client(t)
 	// Once before the subtests share the client: its first call negotiates
@@ -55,6 +56,7 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 				args = append(args, "--handoff")
 			}
 			first := f.worker(t, args...)
+			ear := f.listen(t, "docker")
 			jobID := f.Submit(t, &job.Request{ID: "sleeper-" + id, Pool: "docker", Image: image, PullPolicy: job.PullNever,
 				Command: []string{"/testprog", "echo", "ready", "sleep", "20s", "write", "$FLEET_OUTPUTS/out.txt", "slept", "echo", "woke"},
 				Outputs: []string{"out.txt"}, Timeout: dur(2 * time.Minute)})
@@ -109,6 +111,7 @@ func TestDockerAdoptionWithTheSameID(t *testing.T) {
 			if v, ok := scrape(t, metricsAddr, "fleet_worker_attempts_adopted_total"); !ok || v != 1 {
 				t.Errorf("fleet_worker_attempts_adopted_total of the worker back: %v (found %v), want 1", v, ok)
 			}
+			f.requireHistory(t, "docker", []string{jobID}, ear)
 		})
 	}
 }
@@ -194,8 +197,9 @@ func TestDockerLiveUsage(t *testing.T) {
 // TestDockerJobOfAnotherHostWaitsThenRunsAgain: a job whose container ran
 // where only its worker can reach it (another data directory: another
 // host, as far as a worker can tell) waits for that worker up to
-// --adopt-wait; then its attempt is lost and runs again here; and when the
-// old worker comes back, it removes the container its job no longer needs.
+// --adopt-wait; then its attempt is lost and runs again here, with one
+// result (historytest); and when the old worker comes back, it removes
+// the container its job no longer needs.
 func TestDockerJobOfAnotherHostWaitsThenRunsAgain(t *testing.T) {
 	t.Parallel()
 	cli := dockertest.Client(t)
@@ -205,6 +209,7 @@ func TestDockerJobOfAnotherHostWaitsThenRunsAgain(t *testing.T) {
 	suffix := job.NewID()[20:]
 	hostA := []string{"--executor", "docker", "--id", "host-a-" + suffix, "--pool", "docker", "--data-dir", t.TempDir()}
 	a := f.worker(t, hostA...)
+	ear := f.listen(t, "docker")
 	id := f.Submit(t, &job.Request{ID: "elsewhere-" + suffix, Pool: "docker", Image: image, PullPolicy: job.PullNever,
 		Command: []string{"/testprog", "echo", "ready", "sleep", "6s"}, Timeout: dur(time.Minute)})
 	waitFor(t, "the container to run", time.Minute, func() bool {
@@ -236,4 +241,5 @@ func TestDockerJobOfAnotherHostWaitsThenRunsAgain(t *testing.T) {
 		}
 		return true
 	})
+	f.requireHistory(t, "docker", []string{id}, ear)
 }

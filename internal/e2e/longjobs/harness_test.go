@@ -23,11 +23,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/historytest"
 	"github.com/fleet-dev/fleet/internal/kubetest"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -76,6 +80,25 @@ func startFleet(t *testing.T) *fleet {
 	t.Cleanup(srv.Close)
 	return &fleet{Fleet: f, caps: caps, api: srv,
 		env: []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_HTTP_ADDR=" + srv.URL}}
+}
+
+// listen starts an ear, on a connection of its own, for the results of
+// the default tenant's jobs of pool: start it before the jobs.
+func (f *fleet) listen(t *testing.T, pool string) *historytest.Ear {
+	t.Helper()
+	return historytest.Listen(t, f.NATS.Connect(t), queue.Names{}, job.DefaultTenant, pool)
+}
+
+// requireHistory ends a test that stopped or killed a worker while jobs
+// ran: every version of the default tenant's jobs of pool, read back from
+// the pool's stream, passes historytest, and each of ids ended.
+func (f *fleet) requireHistory(t *testing.T, pool string, ids []string, ears ...*historytest.Ear) {
+	t.Helper()
+	js, err := jetstream.New(f.NATS.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	historytest.Require(t, js, queue.Names{}, job.DefaultTenant, pool, "", ids, ears...)
 }
 
 // worker starts a worker process with the fleet's environment, the test's

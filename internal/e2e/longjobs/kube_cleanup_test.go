@@ -28,7 +28,8 @@ import (
 // then deletes its Job; an admission webhook of the test holds that
 // deletion at the API server, and the worker is SIGKILLed meanwhile. The
 // Job, its pod and its Secret are left. Once a worker runs again (the same
-// id; or a peer, with another id), none of them is.
+// id; or a peer, with another id), none of them is, and the job has its
+// one result (historytest).
 func TestKubeWorkerKilledBeforeCleanup(t *testing.T) {
 	for _, tc := range []struct{ name, second, says string }{
 		{"same_id", "first", "deleted the Jobs of an earlier life of the worker"},
@@ -41,6 +42,7 @@ func TestKubeWorkerKilledBeforeCleanup(t *testing.T) {
 			hold := holdJobDeletions(t, n)
 
 			first := f.worker(t, n.workerArgs(t, "first", "k8s")...)
+			ear := f.listen(t, "k8s")
 			id := f.Submit(t, &job.Request{ID: "short-" + tc.name, Pool: "k8s", Image: "registry.example/tools:1", Command: []string{"true"},
 				Env: map[string]string{"TOKEN": "s3cr3t"}, Timeout: dur(time.Minute)})
 			r := f.Await(t, id, time.Minute)
@@ -68,6 +70,7 @@ func TestKubeWorkerKilledBeforeCleanup(t *testing.T) {
 			if s, err := f.Client.Status(context.Background(), id); err != nil || s.Job.State != job.StateSucceeded || s.Job.Attempt != 1 {
 				t.Errorf("record: %+v, %v; want one attempt, succeeded", s.Job, err)
 			}
+			f.requireHistory(t, "k8s", []string{id}, ear)
 		})
 	}
 }

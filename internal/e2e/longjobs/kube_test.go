@@ -103,7 +103,7 @@ func longJob(id, pool string, d time.Duration) *job.Request {
 // SIGKILL; a SIGTERM with --handoff), and a second worker of the pool,
 // started then, adopts its Job: the same Job object finishes, the job
 // succeeds after one attempt with the output its pod wrote, with one
-// result, and no second Job is ever made.
+// result (historytest), and no second Job is ever made.
 func TestKubeAdoption(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -118,6 +118,7 @@ func TestKubeAdoption(t *testing.T) {
 				extra = []string{"--handoff"}
 			}
 			first := f.worker(t, n.workerArgs(t, "first", "k8s", extra...)...)
+			ear := f.listen(t, "k8s")
 			id := f.Submit(t, longJob("train-"+tc.name, "k8s", 20*time.Second))
 			pod := n.runningPod(t, id)
 			jobs := n.jobsOf(t, id)
@@ -175,18 +176,21 @@ func TestKubeAdoption(t *testing.T) {
 			if err != nil || s.Job.Adoptions != 1 || s.Job.Attempt != 1 {
 				t.Errorf("record: %+v, %v; want one attempt, adopted once", s.Job, err)
 			}
+			f.requireHistory(t, "k8s", []string{id}, ear)
 		})
 	}
 }
 
 // TestKubeJobThatEndedWhileNoWorkerRan: the only worker is killed, the
 // Jobs end while no worker runs, and the worker that starts later settles
-// each from its real outcome, without running anything again.
+// each from its real outcome, without running anything again: one result
+// each (historytest).
 func TestKubeJobThatEndedWhileNoWorkerRan(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t)
 	n := kubeNamespace(t)
 	w := f.worker(t, n.workerArgs(t, "only", "k8s")...)
+	ear := f.listen(t, "k8s")
 	ok := longJob("ends-well", "k8s", 3*time.Second)
 	bad := longJob("ends-badly", "k8s", 3*time.Second)
 	bad.Labels[kubetest.AnnotationExitCode] = "3"
@@ -224,6 +228,7 @@ func TestKubeJobThatEndedWhileNoWorkerRan(t *testing.T) {
 			t.Errorf("%s: adopted event %+v", id, adopted)
 		}
 	}
+	f.requireHistory(t, "k8s", []string{ok.ID, bad.ID}, ear)
 }
 
 // TestKubeGPUPlacementAndPodTemplate: a pool whose pod template tolerates
