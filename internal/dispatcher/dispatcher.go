@@ -187,6 +187,24 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 // cluster elects its leaders it waits and logs why, until ctx ends; any
 // number of dispatchers may start at once.
 func (d *Dispatcher) Start(ctx context.Context) error {
+	// A try of a write or a read sent while a stream had no leader is sent
+	// again as soon as the servers say it has one (queue.Elections); the
+	// placer hears the same advisories.
+	elections := queue.NewElections()
+	ctx = queue.WithElections(ctx, elections)
+	if d.cfg.Queue.Replicas > 1 {
+		d.placer = newPlacer()
+	}
+	sub, err := d.nc.Subscribe(leaderElected, func(m *nats.Msg) {
+		elections.Elected()
+		if d.placer != nil {
+			d.placer.elected(m)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", leaderElected, err)
+	}
+	d.subs = append(d.subs, sub)
 	if err := queue.Setup(ctx, d.js, d.cfg.Queue, d.log); err != nil {
 		return err
 	}
@@ -277,13 +295,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.cfg.Queue.V1 {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
 	}
-	if d.cfg.Queue.Replicas > 1 {
-		d.placer = newPlacer()
-		sub, err := d.nc.Subscribe(leaderElected, d.placer.elected)
-		if err != nil {
-			return fmt.Errorf("subscribe to %s: %w", leaderElected, err)
-		}
-		d.subs = append(d.subs, sub)
+	if d.placer != nil {
 		services = append(services, service{"the placer of the queues", &goService{run: d.runPlacer}})
 		services = append(services, service{"the balancer of streams' leaders", lifecycle.NewEvery(balanceEvery, func(ctx context.Context) {
 			ctx, cancel := context.WithTimeout(ctx, balanceEvery)
@@ -304,14 +316,16 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 }
 
 // intakePull says how the dispatchers pull stored submissions: a pull
-// request lasts 4 s and the server says every second that it still holds
-// it, so that a pull lost with the consumer's leader (a NATS server gone)
-// is noticed and sent again within two seconds, not after the client's
-// default 30 s expiry; storing a submission costs its producer that wait
-// (TestChaosOnACluster: accepted 12 s after it was sent, before).
+// request lasts 2 s and the server says every half second (the shortest
+// the client takes) that it still holds it, so that a pull lost with the
+// consumer's leader or with the server the dispatcher was connected to is
+// noticed and sent again within a second, not after the client's default
+// 30 s expiry; storing a submission costs its producer that wait
+// (TestChaosOnACluster: accepted 12 s after it was sent with the default;
+// TestFailoverCostsOnlyTheElections: 2 s with a heartbeat a second).
 func (d *Dispatcher) intakePull() []jetstream.PullMessagesOpt {
 	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(min(d.cfg.InFlight, 256)),
-		jetstream.PullExpiry(4 * time.Second), jetstream.PullHeartbeat(time.Second)}
+		jetstream.PullExpiry(2 * time.Second), jetstream.PullHeartbeat(500 * time.Millisecond)}
 }
 
 // Ready reports whether Start has finished and NATS is connected.
@@ -408,7 +422,7 @@ func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesConte
 const submitDeadline = 5 * time.Second
 
 // leaderElected is the servers' advisory that a stream elected a leader.
-const leaderElected = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.*"
+var leaderElected = queue.LeaderElected("*")
 
 // queueGroup is the dispatchers' queue group: one of them gets each
 // direct submission and each cancel.

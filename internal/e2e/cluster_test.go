@@ -314,8 +314,9 @@ func TestChaosOnACluster(t *testing.T) {
 	}
 }
 
-// kill is a node killed during a run, at a time, picked by pick (nil: a
-// node not killed before in the run).
+// kill is a node killed during a run, at a time, picked by pick; a node
+// not killed before in the run when pick is nil or picks one that was (on
+// a cluster, each server is killed once a run).
 type kill struct {
 	at   time.Duration
 	why  string
@@ -395,6 +396,9 @@ func offer(t *testing.T, c *natstest.Cluster, prefix string, n, rate int, stored
 			victim := -1
 			if k.pick != nil {
 				victim = k.pick()
+			}
+			if victim >= 0 && down[victim] && c.Size() > 1 {
+				victim = -1 // the servers are killed in turn, each once a run
 			}
 			for j := 0; victim < 0 && j < c.Size(); j++ {
 				if !down[j] && c.Running(j) {

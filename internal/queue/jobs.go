@@ -151,6 +151,8 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 		case err = <-f.Err():
 		case <-t.C:
 			err = jetstream.ErrAsyncPublishTimeout
+		case <-electionsOf(ctx):
+			err = jetstream.ErrAsyncPublishTimeout // sent again at once (see Elections)
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
@@ -163,7 +165,8 @@ func (j *Jobs) write(ctx context.Context, rec *job.Record, rev uint64, refused e
 			if err == nil {
 				newRev, duplicate = ack.Sequence, ack.Duplicate
 			}
-			ambiguous = ambiguous || Ambiguous(err)
+			// A try cut short (an election woke it) may have been stored too.
+			ambiguous = ambiguous || Ambiguous(err) || errors.Is(err, context.Canceled)
 			return err
 		}, nil)
 	}

@@ -23,12 +23,12 @@ import (
 
 // A try of a publish waits for its answer firstTry at first: far longer
 // than a quorum write takes on a busy cluster, and short enough that a
-// publish sent while a stream elects its leader (it gets no answer) is
-// sent again soon after the election, which takes 4 to 9 seconds. Each
+// publish sent while a stream elects its leader (it gets no answer), or
+// lost with the server it went through, is sent again soon after. Each
 // unanswered try gives the next one half as long again, up to lastTry: a
 // longer wait would let an election end unnoticed.
 const (
-	firstTry = time.Second
+	firstTry = 500 * time.Millisecond
 	lastTry  = 1500 * time.Millisecond
 )
 
@@ -67,10 +67,23 @@ func retrying(ctx context.Context) backoff.BackOff {
 // when it fails.
 func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func(err error, wait time.Duration)) error {
 	timeout := firstTry
+	tries := 0
+	b := &woken{BackOff: retrying(ctx)}
 	try := func() error {
-		tctx, cancel := context.WithTimeout(ctx, timeout)
+		tries++
+		parent, stop := ctx, func() {}
+		if tries > 1 {
+			// Unanswered before: a stream's election, announced, wakes it.
+			parent, stop = untilElected(ctx)
+		}
+		defer stop()
+		tctx, cancel := context.WithTimeout(parent, timeout)
 		defer cancel()
 		err := op(tctx)
+		if err != nil && ctx.Err() == nil && parent.Err() != nil {
+			b.now = true // sent again at once
+			return errWoken
+		}
 		if err != nil && (!Ambiguous(err) || ctx.Err() != nil) {
 			return backoff.Permanent(err)
 		}
@@ -90,7 +103,28 @@ func Retry(ctx context.Context, op func(ctx context.Context) error, onRetry func
 	if onRetry != nil {
 		onRetry(err, 0)
 	}
-	return backoff.RetryNotify(try, retrying(ctx), onRetry)
+	return backoff.RetryNotify(try, b, onRetry)
+}
+
+// errWoken is a try cut short by a stream's election: the next goes at
+// once.
+var errWoken = errors.New("a stream elected a leader")
+
+// woken is a backoff that waits nothing after a try cut short by an
+// election (see Retry).
+type woken struct {
+	backoff.BackOff
+	now bool
+}
+
+// NextBackOff is the backoff's, but after a try an election cut short,
+// when it is none.
+func (w *woken) NextBackOff() time.Duration {
+	if w.now {
+		w.now = false
+		return 0
+	}
+	return w.BackOff.NextBackOff()
 }
 
 // Publish stores m in its stream, sending it again while the answer is

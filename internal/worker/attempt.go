@@ -182,9 +182,18 @@ func (d *delivery) receive() (context.Context, *situation) {
 	// On a first delivery the record is the message itself, at the
 	// message's sequence: the worker's first write is a compare-and-set
 	// against it, and no read is needed. Otherwise, read it.
+	//
+	// A read that finds no record was answered by a replica of the
+	// stream that is behind (a direct get may be answered by any): the
+	// message is the record's first version, and the job has at least
+	// that one. Deciding on it is safe: the first write is a
+	// compare-and-set against it, and if the record moved since, the
+	// write is refused and the decision made again on a new read.
 	if d.delivered == 1 {
 		d.rec, d.rev = queued.Version(), meta.Sequence.Stream
-	} else if err := d.refresh(ctx); err != nil {
+	} else if err := d.refresh(ctx); errors.Is(err, queue.ErrNotFound) {
+		d.rec, d.rev = queued.Version(), meta.Sequence.Stream
+	} else if err != nil {
 		d.rec = queued.Version()
 		s = d.situation()
 		s.unsettled = err
@@ -282,6 +291,34 @@ func (d *delivery) decide(ctx context.Context, s *situation) action {
 	return decide(s)
 }
 
+// refreshPast reads the last version of the job's record after a write
+// against revision rev was refused: a read answered by a replica of the
+// stream that is behind may still say rev (or nothing), and deciding on
+// that would only be refused again. It reads a few times, a moment apart,
+// then says the record is not settled.
+func (d *delivery) refreshPast(ctx context.Context, rev uint64) error {
+	for try := 0; ; try++ {
+		err := d.refresh(ctx)
+		if err == nil && d.rev != rev {
+			return nil
+		}
+		if err != nil && !errors.Is(err, queue.ErrNotFound) {
+			return err
+		}
+		if try == 4 {
+			if err == nil {
+				err = fmt.Errorf("the record read of job %s is still the version a write against it was refused on (%d)", d.id, rev)
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond << try):
+		}
+	}
+}
+
 // refresh reads the last version of the job's record.
 func (d *delivery) refresh(ctx context.Context) error {
 	rec, rev, err := d.w.journal.Record(ctx, d.key)
@@ -324,7 +361,7 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 		// on what is read now, never on the copy the refused write was
 		// decided on.
 		if errors.Is(err, queue.ErrConflict) {
-			err = d.refresh(ctx)
+			err = d.refreshPast(ctx, d.rev)
 		}
 		s := d.situation()
 		s.unsettled = err

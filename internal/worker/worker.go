@@ -200,7 +200,9 @@ type Worker struct {
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
 	qsub    *nats.Subscription // new queues of the pool
-	m       *metrics
+	// stopHearing ends the subscription to the pool's stream's elections.
+	stopHearing func()
+	m           *metrics
 
 	pullCtx  context.Context
 	stopPull context.CancelFunc
@@ -289,7 +291,15 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("subscribe to cancels: %w", err)
 	}
 
-	w.settling, w.giveUp = context.WithCancel(context.WithoutCancel(ctx))
+	// A write or read sent while the pool's stream had no leader is sent
+	// again as soon as the servers say it has one (queue.Elections).
+	elections := queue.NewElections()
+	stopHearing, err := queue.ListenForElections(w.nc, elections, queue.LeaderElected(w.names.PoolStreamV2(w.cfg.Pool)))
+	if err != nil {
+		return err
+	}
+	w.stopHearing = stopHearing
+	w.settling, w.giveUp = context.WithCancel(queue.WithElections(context.WithoutCancel(ctx), elections))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
 	if w.qsub, err = w.nc.Subscribe(w.names.PoolQueues(w.cfg.Pool), w.onNewQueue); err != nil {
@@ -383,6 +393,9 @@ func (w *Worker) stop(ctx context.Context) error {
 	}
 	if w.qsub != nil {
 		_ = w.qsub.Unsubscribe()
+	}
+	if w.stopHearing != nil {
+		w.stopHearing()
 	}
 	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
