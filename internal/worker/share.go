@@ -59,6 +59,11 @@ type workQueue struct {
 	rung atomic.Int64
 	// probed is when it was last pulled from with nothing known waiting.
 	probed time.Time
+	// checked is when the worker last asked whether its consumer exists
+	// (unix ns; see unanswered).
+	checked atomic.Int64
+	// rebinding is set while the worker makes its consumer again.
+	rebinding atomic.Bool
 }
 
 // queues are the queues of a worker's pool.

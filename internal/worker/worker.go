@@ -549,13 +549,18 @@ func (w *Worker) pull() {
 			}
 			w.slots.release(n - used)
 			err := batch.Error()
+			switch {
+			case gone(err):
+				// Deleted while the request waited, even after it brought
+				// messages: that answer is the only one the fetches get.
+				w.rebind(only)
+			case errors.Is(err, nats.ErrNoResponders):
+				w.unanswered(only)
+			}
 			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
 				failing.Store(0)
 				<-fetches
 				return
-			}
-			if gone(err) {
-				w.rebind(only)
 			}
 			k := min(failing.Add(1), 7)
 			pause := min(10*time.Millisecond<<k, time.Second)
