@@ -233,8 +233,13 @@ func (w *Worker) listen() error {
 }
 
 // onNewQueue hears from a dispatcher that it made a queue of the pool,
-// for the job it is about to queue there.
+// for the job it is about to queue there; a word on the pool's state is
+// applied at once (catchUp takes it from w.words).
 func (w *Worker) onNewQueue(m *nats.Msg) {
+	w.catchUp()
+	if m.Header.Get(queue.HeaderPoolRevision) != "" {
+		return
+	}
 	p, tenant, ok := w.names.ParseQueueConsumer(string(m.Data))
 	if !ok {
 		return
@@ -445,6 +450,7 @@ func (w *Worker) pullFrom(t take) {
 		if md, err := msg.Metadata(); err == nil {
 			last = int64(md.NumPending)
 		}
+		w.catchUp()
 		w.attempts.Add(1)
 		w.deliveries <- msg
 	}

@@ -199,7 +199,12 @@ type Worker struct {
 	journal journal
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
-	qsub    *nats.Subscription // new queues of the pool
+	qsub    *nats.Subscription // the dispatchers' words: new queues of the pool
+	// wsub puts the same words in words, which catchUp applies (see
+	// pause.go).
+	wsub    *nats.Subscription
+	words   chan *nats.Msg
+	wordsMu sync.Mutex
 	m       *metrics
 
 	pullCtx  context.Context
@@ -292,6 +297,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.settling, w.giveUp = context.WithCancel(context.WithoutCancel(ctx))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
+	w.words = make(chan *nats.Msg, wordsKept)
+	if w.wsub, err = w.nc.ChanSubscribe(w.names.PoolQueues(w.cfg.Pool), w.words); err != nil {
+		return fmt.Errorf("subscribe to the pool's state: %w", err)
+	}
 	if w.qsub, err = w.nc.Subscribe(w.names.PoolQueues(w.cfg.Pool), w.onNewQueue); err != nil {
 		return fmt.Errorf("subscribe to new queues: %w", err)
 	}
@@ -382,6 +391,9 @@ func (w *Worker) stop(ctx context.Context) error {
 	}
 	if w.qsub != nil {
 		_ = w.qsub.Unsubscribe()
+	}
+	if w.wsub != nil {
+		_ = w.wsub.Unsubscribe()
 	}
 	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
@@ -544,6 +556,7 @@ func (w *Worker) pull() {
 			used := 0
 			for msg := range batch.Messages() {
 				used++
+				w.catchUp()
 				w.attempts.Add(1)
 				w.deliveries <- msg
 			}
