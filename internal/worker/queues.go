@@ -162,18 +162,23 @@ const checkEvery = time.Second
 // elected) or it is gone (deleted while no pull request waited on it, or
 // made again by a create that came too early). Only the server can tell:
 // the queue is made again when it says the consumer does not exist; it is
-// asked once every checkEvery at most, a request to one consumer's leader.
+// asked once every checkEvery at most, a request to one consumer's leader,
+// beside the pulls (with no meta leader, nobody answers it for a while).
 func (w *Worker) unanswered(q *workQueue) {
 	now := time.Now().UnixNano()
 	last := q.checked.Load()
 	if now-last < int64(checkEvery) || !q.checked.CompareAndSwap(last, now) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.pullCtx, 2*time.Second)
-	defer cancel()
-	if _, err := q.cons.Info(ctx); gone(err) {
-		w.rebind(q)
-	}
+	w.pulling.Add(1)
+	go func() {
+		defer w.pulling.Done()
+		ctx, cancel := context.WithTimeout(w.pullCtx, 2*time.Second)
+		defer cancel()
+		if _, err := q.cons.Info(ctx); gone(err) {
+			w.rebind(q)
+		}
+	}()
 }
 
 // bindQueue binds to one queue, known or not.
