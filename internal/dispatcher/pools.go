@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,8 +32,9 @@ func (d *Dispatcher) Pool(ctx context.Context, pool string) (*job.PoolState, err
 }
 
 // SetPaused pauses or resumes a pool: its workers start no attempt while
-// it is paused (they watch the pool's state), and the jobs that
-// arrive meanwhile wait in its stream; attempts already running go on.
+// it is paused, and the jobs that arrive meanwhile wait in its stream;
+// attempts already running go on. The workers know of the change before
+// any job submitted once it is answered (see tellWorkers).
 func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, change *job.PoolChange) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
 		return nil, fmt.Errorf("%w: %q is not a pool name", errInvalid, pool)
@@ -41,7 +43,7 @@ func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, ch
 		return nil, fmt.Errorf("%w: %v", errInvalid, err)
 	}
 	var was bool
-	s, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
+	s, rev, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
 		was = s.Paused
 		now := time.Now().UTC()
 		s.UpdatedAt = now
@@ -58,6 +60,7 @@ func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, ch
 	if err != nil {
 		return nil, err
 	}
+	d.tellWorkers(s, rev)
 	if paused != was {
 		d.log.Info("pool "+map[bool]string{true: "paused", false: "resumed"}[paused], "pool", pool, "reason", s.Reason)
 	}
@@ -65,8 +68,8 @@ func (d *Dispatcher) SetPaused(ctx context.Context, pool string, paused bool, ch
 }
 
 // SetPolicy changes how a pool is shared between tenants: the workers
-// follow the new policy as soon as they hear of it (they watch the pool's
-// state).
+// follow the new policy from the jobs submitted once it is answered (see
+// tellWorkers).
 func (d *Dispatcher) SetPolicy(ctx context.Context, pool string, change *job.PolicyChange) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
 		return nil, fmt.Errorf("%w: %q is not a pool name", errInvalid, pool)
@@ -74,7 +77,7 @@ func (d *Dispatcher) SetPolicy(ctx context.Context, pool string, change *job.Pol
 	if err := change.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errInvalid, err)
 	}
-	s, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
+	s, rev, err := queue.UpdatePool(ctx, d.poolStates, pool, func(s *job.PoolState) error {
 		p := change.Apply(s.Policy)
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("%w: %v", errInvalid, err)
@@ -88,9 +91,40 @@ func (d *Dispatcher) SetPolicy(ctx context.Context, pool string, change *job.Pol
 	if err != nil {
 		return nil, err
 	}
+	d.tellWorkers(s, rev)
 	d.log.Info("pool policy set", "pool", pool, "policy", s.Policy.String())
 	return s, nil
 }
+
+// tellWorkers tells the pool's workers the state just written at revision
+// rev, and waits until the server has the word, before the change is
+// answered. Workers watch the pools bucket, but its watch is a consumer of
+// the bucket's stream, which the server feeds on its own time: nothing
+// orders it before a job submitted once the change is answered. This word
+// is: the server hands it to each worker's connection before it reads
+// anything this dispatcher sends after it, so before any job submitted
+// after the answer can be stored, and each worker applies the words it
+// has before it hands on a delivery (the worker's pause.go). On a cluster
+// the word may reach a worker over another route than the job: it still
+// leaves before the job exists. A word not said (NATS away) leaves the
+// workers to their watch.
+func (d *Dispatcher) tellWorkers(s *job.PoolState, rev uint64) {
+	data, err := json.Marshal(s)
+	if err == nil {
+		m := nats.NewMsg(d.names.PoolQueues(s.Pool))
+		m.Header.Set(queue.HeaderPoolRevision, strconv.FormatUint(rev, 10))
+		m.Data = data
+		if err = d.nc.PublishMsg(m); err == nil {
+			err = d.nc.FlushTimeout(tellTimeout)
+		}
+	}
+	if err != nil {
+		d.log.Warn("cannot tell the pool's workers of its new state; they learn it from their watch", "pool", s.Pool, "err", err)
+	}
+}
+
+// tellTimeout bounds the wait for the server to have a word to workers.
+const tellTimeout = 2 * time.Second
 
 // onPool answers <prefix>.pools.<pool>.{pause,resume,show,set}.
 func (d *Dispatcher) onPool(m *nats.Msg) {

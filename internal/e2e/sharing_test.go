@@ -436,3 +436,24 @@ func TestAQueueDeletedByHandIsMadeAgain(t *testing.T) {
 		t.Errorf("the job that ran before the queue was deleted ran again: %d attempts", r.Attempts)
 	}
 }
+
+// In a pool of several queues, whose worker pulls only what is known to
+// wait (no pull request waits on a queue), a queue's consumer deleted by
+// hand gets no word to the worker: its fetches find no responders, and the
+// worker asks whether the consumer exists. The jobs queued after run.
+func TestAQueueDeletedByHandWhileNoPullWaitsIsMadeAgain(t *testing.T) {
+	f := fleettest.Start(t)
+	ctx := context.Background()
+	acme, beta := tenantClient(t, f, "acme"), tenantClient(t, f, "beta")
+	first, second := submitMany(t, acme, "handier", "acme-first", 1, 0, "true"), submitMany(t, beta, "handier", "beta-first", 1, 0, "true")
+	// The worker finds two queues as it starts: it never waits on one.
+	f.Worker(t, processExec(t), worker.Config{Pool: "handier", Slots: 2})
+	results(t, acme, "acme", first, 10*time.Second)
+	results(t, beta, "beta", second, 10*time.Second)
+	js := f.Dispatcher.JetStream()
+	if err := js.DeleteConsumer(ctx, f.Queue.Names.PoolStreamV2("handier"), f.Queue.Names.QueueConsumer(3, "acme")); err != nil {
+		t.Fatal(err)
+	}
+	// The dispatcher made the queue once and does not look again.
+	results(t, acme, "acme", submitMany(t, acme, "handier", "acme-next", 2, 0, "true"), 20*time.Second)
+}

@@ -47,3 +47,8 @@ const (
 // HeaderCancelNotice marks the dispatcher's own cancel messages to workers,
 // as opposed to a user's cancel request.
 const HeaderCancelNotice = "Fleet-Cancel-Notice"
+
+// HeaderPoolRevision marks a dispatcher's word to a pool's workers that
+// carries the pool's state it just wrote (a job.PoolState as the body),
+// with the revision of the pools bucket's entry.
+const HeaderPoolRevision = "Fleet-Pool-Revision"

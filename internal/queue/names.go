@@ -208,9 +208,10 @@ func (n Names) Stop(pool, tenant, id string) string {
 // PoolStops matches the stop notices of a pool's jobs.
 func (n Names) PoolStops(pool string) string { return n.prefix() + ".stop." + pool + ".>" }
 
-// PoolQueues is where a dispatcher says it made a new queue of a pool
-// (its consumer's name as the body), so that the pool's workers bind to
-// it at once.
+// PoolQueues is where a dispatcher tells a pool's workers what it changed:
+// a new queue it made (its consumer's name as the body), so that they bind
+// to it at once, or the pool's state it wrote (a job.PoolState, with
+// HeaderPoolRevision), so that they know it before any job queued after.
 func (n Names) PoolQueues(pool string) string { return n.prefix() + ".queues." + pool }
 
 // ParseStop reads a stop notice's subject.

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
@@ -19,10 +21,19 @@ import (
 // An operator may pause a pool (fleetctl pool pause): its workers then
 // start no attempt, and the jobs that arrive wait in the pool's stream.
 // Each worker watches the pool's entry in the pools bucket, and reads it
-// again every PausePoll;
-// while the pool is paused its pull loop asks for nothing, and a delivery
-// it had already taken is given back, without being counted, to come back
-// after pausedRecheck.
+// again every PausePoll; while the pool is paused its pull loop asks for
+// nothing, and a delivery it had already taken is given back, without
+// being counted, to come back after pausedRecheck.
+//
+// The watch alone would not make a pause hold for the jobs submitted once
+// it is answered: the server feeds it on its own time, and a job can reach
+// the worker first. So the dispatcher that writes the pool's state also
+// says it on the pool's word subject before it answers, and the worker
+// applies every word it has before it hands on a delivery (catchUp): the
+// word came in on the worker's connection before the delivery, so it is in
+// the channel of its subscription by then. The states read, watched and
+// told carry the entry's revision, and an older one than the worker knows
+// is ignored.
 
 // pausedRecheck is how long a job delivered while its pool is paused is
 // left before a worker looks at it again.
@@ -33,6 +44,7 @@ type pauseState struct {
 	mu      sync.Mutex
 	on      bool
 	resumed chan struct{} // closed when the pool is resumed
+	rev     uint64        // the pools bucket's revision of what was read
 }
 
 func (p *pauseState) paused() bool {
@@ -41,10 +53,9 @@ func (p *pauseState) paused() bool {
 	return p.on
 }
 
-// set records what was read and reports whether it changed.
-func (p *pauseState) set(on bool) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// setLocked records what was read and reports whether it changed; p.mu
+// is held.
+func (p *pauseState) setLocked(on bool) bool {
 	if on == p.on {
 		return false
 	}
@@ -84,12 +95,12 @@ func (w *Worker) readPause(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	s, err := queue.ReadPool(ctx, kv, w.cfg.Pool)
+	s, rev, err := queue.ReadPoolAt(ctx, kv, w.cfg.Pool)
 	if err != nil {
 		w.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
 		return
 	}
-	w.setPool(s)
+	w.setPool(s, rev)
 }
 
 func (w *Worker) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
@@ -105,13 +116,20 @@ func (w *Worker) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return w.pools, nil
 }
 
-// setPool applies what was read of the pool's state.
-func (w *Worker) setPool(s *job.PoolState) {
+// setPool applies what was read of the pool's state, the bucket's entry
+// at revision rev, unless the worker knows a later one.
+func (w *Worker) setPool(s *job.PoolState, rev uint64) {
+	w.pause.mu.Lock()
+	defer w.pause.mu.Unlock()
+	if rev < w.pause.rev {
+		return
+	}
+	w.pause.rev = rev
 	w.policy.Store(s.Policy)
 	if sh, ok := w.cfg.Capacity.(capacity.Sharer); ok {
 		sh.SetPolicy(s.Policy)
 	}
-	if w.pause.set(s.Paused) {
+	if w.pause.setLocked(s.Paused) {
 		if s.Paused {
 			w.log.Info("pool paused: starting no attempt until it is resumed", "reason", s.Reason)
 		} else {
@@ -146,7 +164,7 @@ func (w *Worker) watchPool(ctx context.Context) error {
 					continue // the current state was read
 				}
 				if e.Operation() != jetstream.KeyValuePut {
-					w.setPool(&job.PoolState{Pool: w.cfg.Pool})
+					w.setPool(&job.PoolState{Pool: w.cfg.Pool}, e.Revision())
 					continue
 				}
 				var s job.PoolState
@@ -154,9 +172,52 @@ func (w *Worker) watchPool(ctx context.Context) error {
 					w.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
 					continue
 				}
-				w.setPool(&s)
+				s.Pool = w.cfg.Pool
+				w.setPool(&s, e.Revision())
 			}
 		}
 	})
 	return nil
+}
+
+// wordsKept bounds the dispatchers' words a worker keeps until it applies
+// them: it applies them at each delivery and as each word is heard.
+const wordsKept = 256
+
+// catchUp applies the pool's states that dispatchers told and the worker
+// has not applied yet. Called with a delivery in hand, before it is handed
+// on: a state told before the delivery came is in w.words by then, since
+// the connection's reader puts each message in its subscription's channel
+// in the order they came.
+func (w *Worker) catchUp() {
+	w.wordsMu.Lock()
+	defer w.wordsMu.Unlock()
+	for {
+		select {
+		case m := <-w.words:
+			w.told(m)
+		default:
+			return
+		}
+	}
+}
+
+// told applies a dispatcher's word that carries the pool's state; other
+// words (a new queue) are onNewQueue's.
+func (w *Worker) told(m *nats.Msg) {
+	h := m.Header.Get(queue.HeaderPoolRevision)
+	if h == "" {
+		return
+	}
+	rev, err := strconv.ParseUint(h, 10, 64)
+	var s job.PoolState
+	if err == nil {
+		err = json.Unmarshal(m.Data, &s)
+	}
+	if err != nil {
+		w.log.Warn("a dispatcher's word on the pool's state cannot be read; the watch says it", "err", err)
+		return
+	}
+	s.Pool = w.cfg.Pool
+	w.setPool(&s, rev)
 }

@@ -27,7 +27,11 @@ import (
 // jobs (a message each, which the stream publishes once stored), so that
 // it knows which queues have work without asking. A queue whose consumer
 // was deleted (by hand) is made again at once: it finds again what was
-// queued on it.
+// queued on it. The server says a consumer was deleted once, to the pull
+// requests waiting on it; after that, and to a consumer deleted while none
+// waited, pull requests get no answer but "no responders", which is also
+// what they get while the consumer elects a leader: the worker then asks
+// whether the consumer exists (see unanswered).
 
 // queueSet is the worker's binding to its pool's queues.
 type queueSet struct {
@@ -114,22 +118,69 @@ func (w *Worker) fromSingleConsumer(ctx context.Context) error {
 
 // rebind makes a queue whose consumer is gone again. The queue is kept
 // until its consumer is made: an election may make a consumer look gone
-// for a moment, and its fetches then work again.
+// for a moment, and its fetches then work again. A create that reaches
+// the server while it still removes the deleted consumer fails ("consumer
+// does not exist", "error creating store for consumer"); the fetches that
+// follow find no responders, and unanswered makes the queue again.
 func (w *Worker) rebind(q *workQueue) {
+	// Each fetch that was waiting hears of the deletion: one makes the
+	// queue again (two creates of one consumer at once may fail both).
+	if !q.rebinding.CompareAndSwap(false, true) {
+		return
+	}
+	defer q.rebinding.Store(false)
+	if w.qs.get(q.key) != q || w.pullCtx.Err() != nil {
+		return // made again already, or the worker stops
+	}
 	ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
 	defer cancel()
 	cons, err := queue.BindQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, q.key)
 	if err != nil {
-		w.log.Warn("cannot make a queue again; its fetches go on", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
+		w.log.Warn("cannot make a queue again yet; its fetches go on, and it is made when they find it gone", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
 		return
 	}
+	// What waits on it is what its new consumer found in the stream (it
+	// starts from the beginning), or what was known, if more.
 	fresh := &workQueue{key: q.key, cons: cons}
-	fresh.pending.Store(q.pending.Load())
+	fresh.pending.Store(max(q.pending.Load(), int64(cons.CachedInfo().NumPending)))
 	w.qs.mu.Lock()
 	w.qs.forget(q)
 	w.qs.add(fresh)
 	w.qs.mu.Unlock()
+	select {
+	case w.qs.wake <- struct{}{}:
+	default:
+	}
 	w.log.Info("made a queue whose consumer was gone again", "tenant", q.key.Tenant, "priority", q.key.Priority)
+}
+
+// checkEvery bounds how often a worker asks whether a queue's consumer
+// exists, while its fetches find no responders.
+const checkEvery = time.Second
+
+// unanswered follows a fetch from q that found no responders: nothing
+// serves the pull requests of q's consumer. Either the consumer has no
+// leader for the moment (an election: the fetches work again once one is
+// elected) or it is gone (deleted while no pull request waited on it, or
+// made again by a create that came too early). Only the server can tell:
+// the queue is made again when it says the consumer does not exist; it is
+// asked once every checkEvery at most, a request to one consumer's leader,
+// beside the pulls (with no meta leader, nobody answers it for a while).
+func (w *Worker) unanswered(q *workQueue) {
+	now := time.Now().UnixNano()
+	last := q.checked.Load()
+	if now-last < int64(checkEvery) || !q.checked.CompareAndSwap(last, now) {
+		return
+	}
+	w.pulling.Add(1)
+	go func() {
+		defer w.pulling.Done()
+		ctx, cancel := context.WithTimeout(w.pullCtx, 2*time.Second)
+		defer cancel()
+		if _, err := q.cons.Info(ctx); gone(err) {
+			w.rebind(q)
+		}
+	}()
 }
 
 // bindQueue binds to one queue, known or not.
@@ -189,8 +240,13 @@ func (w *Worker) listen() error {
 }
 
 // onNewQueue hears from a dispatcher that it made a queue of the pool,
-// for the job it is about to queue there.
+// for the job it is about to queue there; a word on the pool's state is
+// applied at once (catchUp takes it from w.words).
 func (w *Worker) onNewQueue(m *nats.Msg) {
+	w.catchUp()
+	if m.Header.Get(queue.HeaderPoolRevision) != "" {
+		return
+	}
 	p, tenant, ok := w.names.ParseQueueConsumer(string(m.Data))
 	if !ok {
 		return
@@ -447,6 +503,7 @@ func (w *Worker) pullFrom(t take) {
 		if md, err := msg.Metadata(); err == nil {
 			last = int64(md.NumPending)
 		}
+		w.catchUp()
 		w.attempts.Add(1)
 		w.deliveries <- msg
 	}
@@ -466,8 +523,11 @@ func (w *Worker) pullFrom(t take) {
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		w.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
-		if gone(err) {
+		switch {
+		case gone(err):
 			w.rebind(t.q)
+		case errors.Is(err, nats.ErrNoResponders):
+			w.unanswered(t.q)
 		}
 	}
 }

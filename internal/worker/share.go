@@ -67,6 +67,11 @@ type workQueue struct {
 	// made again if it stays silent (see remakeLost).
 	silent atomic.Int64
 	floor  atomic.Uint64
+	// checked is when the worker last asked whether its consumer exists
+	// (unix ns; see unanswered).
+	checked atomic.Int64
+	// rebinding is set while the worker makes its consumer again.
+	rebinding atomic.Bool
 }
 
 // heardFrom notes how a pull from q ended: a consumer that does not answer

@@ -199,7 +199,12 @@ type Worker struct {
 	journal journal
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
-	qsub    *nats.Subscription // new queues of the pool
+	qsub    *nats.Subscription // the dispatchers' words: new queues of the pool
+	// wsub puts the same words in words, which catchUp applies (see
+	// pause.go).
+	wsub    *nats.Subscription
+	words   chan *nats.Msg
+	wordsMu sync.Mutex
 	// stopHearing ends the subscription to the pool's stream's elections.
 	stopHearing func()
 	m           *metrics
@@ -302,6 +307,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.settling, w.giveUp = context.WithCancel(queue.WithElections(context.WithoutCancel(ctx), elections))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
 	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
+	w.words = make(chan *nats.Msg, wordsKept)
+	if w.wsub, err = w.nc.ChanSubscribe(w.names.PoolQueues(w.cfg.Pool), w.words); err != nil {
+		return fmt.Errorf("subscribe to the pool's state: %w", err)
+	}
 	if w.qsub, err = w.nc.Subscribe(w.names.PoolQueues(w.cfg.Pool), w.onNewQueue); err != nil {
 		return fmt.Errorf("subscribe to new queues: %w", err)
 	}
@@ -396,6 +405,9 @@ func (w *Worker) stop(ctx context.Context) error {
 	}
 	if w.stopHearing != nil {
 		w.stopHearing()
+	}
+	if w.wsub != nil {
+		_ = w.wsub.Unsubscribe()
 	}
 	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
@@ -559,6 +571,7 @@ func (w *Worker) pull() {
 			used := 0
 			for msg := range batch.Messages() {
 				used++
+				w.catchUp()
 				w.attempts.Add(1)
 				w.deliveries <- msg
 			}
@@ -569,13 +582,18 @@ func (w *Worker) pull() {
 			} else {
 				only.heardFrom(err)
 			}
+			switch {
+			case gone(err):
+				// Deleted while the request waited, even after it brought
+				// messages: that answer is the only one the fetches get.
+				w.rebind(only)
+			case errors.Is(err, nats.ErrNoResponders):
+				w.unanswered(only)
+			}
 			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
 				failing.Store(0)
 				<-fetches
 				return
-			}
-			if gone(err) {
-				w.rebind(only)
 			}
 			k := min(failing.Add(1), 7)
 			pause := min(10*time.Millisecond<<k, time.Second)
