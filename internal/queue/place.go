@@ -37,6 +37,10 @@ import (
 // server costs the intake nothing; the death of that one costs the later
 // of the stream's election and its own.
 //
+// A queue is made with its stream's replicas (a quorum of them can make
+// it, where one replica would go to a server at random, maybe one that
+// is down), and given one by the placer.
+//
 // A consumer whose server does not come back is made again on a live one
 // by the pool's workers after LostAfter (RemakeQueue), from where it had
 // acknowledged everything: what it had delivered and not had acknowledged

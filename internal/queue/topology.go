@@ -418,7 +418,10 @@ func (c Config) QueueConsumer(pool string, q QueueKey) jetstream.ConsumerConfig 
 		MaxDeliver:    c.MaxDeliver,
 		MaxAckPending: c.MaxAckPending,
 		MaxWaiting:    4096,
-		Replicas:      1, // see Placed
+		// Made with its stream's replicas, which a quorum of them can
+		// make (one replica would be placed at random, on a server that
+		// may be down); the placer gives it one, on its stream's leader
+		// (see Placed).
 	}
 }
 

@@ -512,8 +512,13 @@ func (w *Worker) pullFrom(t take) {
 	} else {
 		t.q.heardFrom(batch.Error())
 	}
-	// The plan counted t.n as taken; what came says what is left.
+	// The plan counted t.n as taken; what came says what is left. A pull
+	// nobody answered (a queue just made, whose consumer has no leader
+	// yet; its server down) says nothing of what waits: the queue keeps
+	// what it was known to hold, and is pulled from again.
+	unanswered := used == 0 && errors.Is(batch.Error(), nats.ErrNoResponders)
 	switch rung := t.q.rung.Load() >= start; {
+	case unanswered:
 	case last >= 0 && !rung:
 		t.q.pending.Store(last)
 	case used < t.n && !rung:
