@@ -63,9 +63,6 @@ func (d *Dispatcher) balance(ctx context.Context) (moved string, err error) {
 		if err := d.stepDown(ctx, stream, to); err != nil {
 			return "", err
 		}
-		if d.placer != nil {
-			d.placer.movedOnPurpose(stream)
-		}
 		d.m.leaderMoves.Add(ctx, 1)
 		d.log.Info("moved the leadership of a stream to spread them over the cluster", "stream", stream, "to", to)
 		return stream, nil

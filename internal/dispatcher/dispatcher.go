@@ -205,6 +205,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return fmt.Errorf("subscribe to %s: %w", leaderElected, err)
 	}
 	d.subs = append(d.subs, sub)
+	if d.placer != nil {
+		sub, err := d.nc.Subscribe(consumerLeaderElected, d.placer.elected)
+		if err != nil {
+			return fmt.Errorf("subscribe to %s: %w", consumerLeaderElected, err)
+		}
+		d.subs = append(d.subs, sub)
+	}
 	if err := queue.Setup(ctx, d.js, d.cfg.Queue, d.log); err != nil {
 		return err
 	}
@@ -421,8 +428,12 @@ func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesConte
 // job.
 const submitDeadline = 5 * time.Second
 
-// leaderElected is the servers' advisory that a stream elected a leader.
-var leaderElected = queue.LeaderElected("*")
+// leaderElected is the servers' advisory that a stream elected a leader,
+// consumerLeaderElected that a consumer did.
+var (
+	leaderElected         = queue.LeaderElected("*")
+	consumerLeaderElected = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.*.*"
+)
 
 // queueGroup is the dispatchers' queue group: one of them gets each
 // direct submission and each cancel.

@@ -6,56 +6,33 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestPlanPlacement holds the placer to queue.Placed: a pool's queues have
-// one replica on the server that leads its stream; after an election the
-// stream goes back to its queues, when it can, rather than the queues to
-// it; after the balancer's move, the queues follow; a work queue's
-// consumer keeps its replicas and follows its stream's leader.
-func TestPlanPlacement(t *testing.T) {
-	stream := func(leader string, replicas ...*jetstream.PeerInfo) *jetstream.StreamInfo {
-		return &jetstream.StreamInfo{Cluster: &jetstream.ClusterInfo{Leader: leader, Replicas: replicas}}
+// TestMisplaced holds the placer to queue.Placed: a consumer led away from
+// its stream's leader is moved there when the stream's leader holds a
+// current replica of it, and left alone when it is led there, when it has
+// no leader now, or when the stream's leader cannot take it yet.
+func TestMisplaced(t *testing.T) {
+	consumer := func(leader string, replicas ...*jetstream.PeerInfo) *jetstream.ConsumerInfo {
+		return &jetstream.ConsumerInfo{Name: "q3-default", Cluster: &jetstream.ClusterInfo{Leader: leader, Replicas: replicas}}
 	}
-	peer := func(name string, current bool) *jetstream.PeerInfo {
-		return &jetstream.PeerInfo{Name: name, Current: current}
-	}
-	queue := func(name, leader string, replicas int) *jetstream.ConsumerInfo {
-		return &jetstream.ConsumerInfo{Name: name, Config: jetstream.ConsumerConfig{Replicas: replicas},
-			Cluster: &jetstream.ClusterInfo{Leader: leader}}
-	}
+	peer := func(name string, current bool) *jetstream.PeerInfo { return &jetstream.PeerInfo{Name: name, Current: current} }
+	offline := &jetstream.PeerInfo{Name: "n1", Current: true, Offline: true}
 	cases := []struct {
-		name     string
-		info     *jetstream.StreamInfo
-		cis      []*jetstream.ConsumerInfo
-		one      bool
-		balanced bool
-		how      int
-		to       string
+		name   string
+		ci     *jetstream.ConsumerInfo
+		leader string
+		want   bool
 	}{
-		{"in place", stream("n1", peer("n2", true), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1), queue("q1-b", "n1", 1)}, true, false, placeNothing, ""},
-		{"no queue yet", stream("n1", peer("n2", true)), nil, true, false, placeNothing, ""},
-		{"elected away from its queues: the stream goes back", stream("n2", peer("n1", true), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1), queue("q1-b", "n1", 1)}, true, false, placeStream, "n1"},
-		{"its queues' server catching up: wait", stream("n2", peer("n1", false), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1)}, true, false, placeWait, "n1"},
-		{"its queues' server holds no replica: the queues move", stream("n2", peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1)}, true, false, placeQueues, "n2"},
-		{"moved by the balancer: the queues follow", stream("n2", peer("n1", true), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1)}, true, true, placeQueues, "n2"},
-		{"queues on two servers: they move to the stream", stream("n2", peer("n1", true), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 1), queue("q1-b", "n3", 1)}, true, false, placeQueues, "n2"},
-		{"a queue of three replicas, led by the stream's leader: one replica", stream("n1", peer("n2", true)),
-			[]*jetstream.ConsumerInfo{queue("q3-a", "n1", 0)}, true, false, placeQueues, "n1"},
-		{"a work queue's consumer led elsewhere follows its stream", stream("n1", peer("n2", true), peer("n3", true)),
-			[]*jetstream.ConsumerInfo{queue("dispatcher", "n2", 0)}, false, false, placeQueues, "n1"},
-		{"a work queue's consumer led by its stream's leader stays", stream("n1", peer("n2", true)),
-			[]*jetstream.ConsumerInfo{queue("dispatcher", "n1", 0)}, false, false, placeNothing, ""},
+		{"led by its stream's leader", consumer("n1", peer("n2", true), peer("n3", true)), "n1", false},
+		{"led elsewhere, the stream's leader current", consumer("n2", peer("n1", true), peer("n3", true)), "n1", true},
+		{"led elsewhere, the stream's leader catching up", consumer("n2", peer("n1", false), peer("n3", true)), "n1", false},
+		{"led elsewhere, the stream's leader offline for it", consumer("n2", offline, peer("n3", true)), "n1", false},
+		{"electing its leader", consumer("", peer("n1", true), peer("n3", true)), "n1", false},
+		{"not on a cluster", &jetstream.ConsumerInfo{Name: "q3-default"}, "n1", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			how, to := planPlacement(c.info, c.cis, c.one, c.balanced)
-			if how != c.how || to != c.to {
-				t.Errorf("planPlacement = %d %q, want %d %q", how, to, c.how, c.to)
+			if got := misplaced(c.ci, c.leader); got != c.want {
+				t.Errorf("misplaced = %v, want %v", got, c.want)
 			}
 		})
 	}

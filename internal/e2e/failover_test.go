@@ -16,13 +16,17 @@ import (
 // while jobs are offered at 150 a second to two dispatchers and three
 // workers, on each submit path. Every job ends with one result
 // (historytest), and none waits more than a second beyond the time what
-// holds it had no leader, as the servers' logs tell it: its pool's stream;
-// on the intake path, the intake stream and the dispatchers' consumer of
-// it too, which, as a work queue's, has the stream's replicas and its own
-// election (see queue.Placed). What the fleet adds to the elections is at
-// most a second: a pool's queues have one replica, on the server that
-// leads its stream, so that one server's death costs a pool its stream's
-// election and nothing more.
+// holds it had no leader, as the servers' logs tell it: its pool's stream
+// and its queue; on the intake path, the intake stream and the
+// dispatchers' consumer of it too. What the fleet adds to the cluster's
+// elections is at most a second (a write or a pull lost with a server, a
+// leadership moved by the placer).
+//
+// A pool's queue is a Raft group of its own, led by its stream's leader
+// (queue.Placed): when that server dies, the two elect apart, and a job
+// waits for the later. That is the cluster's, and counted as such here;
+// "beyond its stream's election alone" is not what the fleet achieves (see
+// docs/running.md).
 func TestFailoverCostsOnlyTheElections(t *testing.T) {
 	const (
 		jobs = 1500
@@ -58,8 +62,8 @@ func TestFailoverCostsOnlyTheElections(t *testing.T) {
 		stored bool
 		held   []string // the streams that hold its jobs on the way
 	}{
-		{"submitted by request", false, []string{"FLEET_POOL_default"}},
-		{"submitted to the intake stream", true, []string{"FLEET_POOL_default", "FLEET_INTAKE", "FLEET_INTAKE > dispatcher"}},
+		{"submitted by request", false, []string{"FLEET_POOL_default", "FLEET_POOL_default > q3-default"}},
+		{"submitted to the intake stream", true, []string{"FLEET_POOL_default", "FLEET_POOL_default > q3-default", "FLEET_INTAKE", "FLEET_INTAKE > dispatcher"}},
 	} {
 		began := time.Now()
 		r := offer(t, c, fmt.Sprintf("fo%v", path.stored), jobs, rate, path.stored, kills())
@@ -68,11 +72,6 @@ func TestFailoverCostsOnlyTheElections(t *testing.T) {
 			for _, g := range c.Leaderless(s, began, time.Now()) {
 				t.Logf("%s: %s had no leader from +%s for %s", path.name, s, g.From.Sub(began).Round(time.Millisecond), g.To.Sub(g.From).Round(time.Millisecond))
 				gaps = append(gaps, g)
-			}
-		}
-		for _, g := range []string{"FLEET_POOL_default > q3-default"} {
-			for _, i := range c.Leaderless(g, began, time.Now()) {
-				t.Logf("%s: %s had no leader from +%s for %s", path.name, g, i.From.Sub(began).Round(time.Millisecond), i.To.Sub(i.From).Round(time.Millisecond))
 			}
 		}
 		type late struct {

@@ -17,13 +17,13 @@ import (
 )
 
 // TestAPoolsQueueLivesWithItsStream holds a pool's queue to where
-// queue.Placed puts it on a three-node cluster: one replica, on the server
-// that leads the pool's stream. When the stream's leadership moves away
-// (as an election moves it), it goes back to the queue's server. When that
-// server dies for good, the stream elects a leader among the others, the
-// pool's workers make the queue again there after queue.LostAfter, and the
-// jobs queued meanwhile run, once each: what losing a server for good
-// costs a pool.
+// queue.Placed puts it on a three-node cluster: led by the server that
+// leads the pool's stream, with the stream's replicas. When the stream's
+// leadership moves (as the balancer or an election moves it), the queue's
+// follows. When that server dies for good, the stream and the queue each
+// elect a leader among the others, the placer brings them together again,
+// and the jobs queued meanwhile run, once each: what losing a server for
+// good costs a pool.
 func TestAPoolsQueueLivesWithItsStream(t *testing.T) {
 	c, env := clusterWithDispatchers(t)
 	w := fleettest.StartProc(t, "worker", env, "--id", "pw", "--executor", "noop", "--slots", "8")
@@ -55,14 +55,14 @@ func TestAPoolsQueueLivesWithItsStream(t *testing.T) {
 	awaitAll(t, cl, ids, time.Minute)
 
 	const stream, name = "FLEET_POOL_default", "q3-default"
-	where := func() (leader string, replicas int, queueAt string, queueReplicas int) {
+	where := func() (leader, queueAt string, queueReplicas int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if st, err := js.Stream(ctx, stream); err == nil && st.CachedInfo().Cluster != nil {
-			leader, replicas = st.CachedInfo().Cluster.Leader, st.CachedInfo().Config.Replicas
+			leader = st.CachedInfo().Cluster.Leader
 		}
 		if cons, err := js.Consumer(ctx, stream, name); err == nil && cons.CachedInfo().Cluster != nil {
-			queueAt, queueReplicas = cons.CachedInfo().Cluster.Leader, cons.CachedInfo().Config.Replicas
+			queueAt, queueReplicas = cons.CachedInfo().Cluster.Leader, len(cons.CachedInfo().Cluster.Replicas)+1
 		}
 		return
 	}
@@ -70,34 +70,32 @@ func TestAPoolsQueueLivesWithItsStream(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(within)
 		for {
-			leader, replicas, at, n := where()
-			if leader != "" && leader == at && n == 1 && replicas == 3 {
+			leader, at, n := where()
+			if leader != "" && leader == at && n == 3 {
 				return leader
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: the stream led by %q (%d replicas), its queue by %q with %d replicas, after %s", why, leader, replicas, at, n, within)
+				t.Fatalf("%s: the stream led by %q, its queue by %q with %d replicas, after %s", why, leader, at, n, within)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	home := placed(20*time.Second, "made")
-	t.Logf("the stream and its queue on %s", home)
+	t.Logf("the stream and its queue led by %s", home)
 
-	// Its leadership moved away by hand, as an election may: it goes back.
+	// The stream's leadership moved away by hand: the queue's follows.
 	other := c.Name((c.Index(home) + 1) % 3)
 	req, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": other}})
 	if _, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, req, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	moved := time.Now()
-	if back := placed(15*time.Second, "after its leadership moved"); back != home {
-		t.Errorf("the queue moved to %s, the stream was to come back to %s", back, home)
-	}
-	t.Logf("the stream's leadership back with its queue on %s %s after it moved to %s", home, time.Since(moved).Round(time.Millisecond), other)
+	there := placed(15*time.Second, "after the stream's leadership moved")
+	t.Logf("the queue led by %s %s after the stream's leadership moved there", there, time.Since(moved).Round(time.Millisecond))
 	run("after-move", 5)
 
-	// The queue's server dies for good.
-	c.Kill(c.Index(home))
+	// Their server dies for good.
+	c.Kill(c.Index(there))
 	killed := time.Now()
 	run("after-loss", 5)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -107,13 +105,14 @@ func TestAPoolsQueueLivesWithItsStream(t *testing.T) {
 		t.Fatalf("a job queued after the queue's server died: %v", err)
 	}
 	took := res.FinishedAt.Sub(killed)
-	t.Logf("the first job queued after the queue's server died ran %s after its death (queue.LostAfter %s)", took.Round(time.Millisecond), queue.LostAfter)
-	if took > queue.LostAfter+15*time.Second {
-		t.Errorf("a job waited %s after the queue's server died, over queue.LostAfter and 15 s", took)
+	t.Logf("the first job queued after the server died ran %s after its death", took.Round(time.Millisecond))
+	// Two elections of at most 9 s each, at once, and the fleet's second.
+	if took > 12*time.Second {
+		t.Errorf("a job waited %s after the queue's server died, over 12 s", took)
 	}
-	w.WaitOutput(t, "made a queue again whose consumer was lost with its server", 10*time.Second)
+	placed(15*time.Second, "after their server died")
 	awaitAll(t, cl, ids, time.Minute)
-	c.Restart(c.Index(home))
+	c.Restart(c.Index(there))
 	c.WaitReady(t, 30*time.Second)
 	historytest.Require(t, js, queue.Names{}, job.DefaultTenant, "default", "", ids, ear)
 }

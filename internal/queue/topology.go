@@ -296,8 +296,6 @@ func intakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, strea
 		AckWait:       c.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: c.MaxAckPending,
-		// As many replicas as the stream, as a work queue's consumer must
-		// have: see Placed.
 	}
 	var cons jetstream.Consumer
 	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
@@ -418,10 +416,8 @@ func (c Config) QueueConsumer(pool string, q QueueKey) jetstream.ConsumerConfig 
 		MaxDeliver:    c.MaxDeliver,
 		MaxAckPending: c.MaxAckPending,
 		MaxWaiting:    4096,
-		// Made with its stream's replicas, which a quorum of them can
-		// make (one replica would be placed at random, on a server that
-		// may be down); the placer gives it one, on its stream's leader
-		// (see Placed).
+		// With its stream's replicas, led by its stream's leader (see
+		// Placed).
 	}
 }
 
@@ -445,8 +441,8 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, pool str
 
 // BindQueue returns the consumer of a pool's queue, made with the worker's
 // configuration if it has none, its ack wait and bounds set to the
-// worker's if it has; where it is placed, its replicas and where it
-// delivers from are left as they are (see Placed).
+// worker's if it has; its replicas and where it delivers from are left as
+// they are.
 func BindQueue(ctx context.Context, js jetstream.JetStream, c Config, pool string, q QueueKey) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
 	cons, err := bindConsumer(ctx, js, c.Names.PoolStreamV2(pool), c.QueueConsumer(pool, q))

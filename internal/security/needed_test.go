@@ -79,14 +79,13 @@ func matches(pattern, subject string) bool {
 // (one server, no Redis, no lost deliveries) do not need, and why they are
 // there.
 var onlyOnACluster = map[string]string{
-	"dispatcher pub $JS.API.STREAM.LIST":                              "the leader balancer lists the streams (replicas > 1)",
-	"dispatcher pub $JS.API.STREAM.LEADER.STEPDOWN.*":                 "the leader balancer moves leaders (replicas > 1)",
-	"dispatcher pub $JS.API.CONSUMER.LIST.*":                          "the lag gauges list the pools' consumers",
-	"dispatcher pub $JS.API.CONSUMER.NAMES.*":                         "the placer lists a stream's consumers (replicas > 1)",
-	"dispatcher pub $JS.API.CONSUMER.LEADER.STEPDOWN.*.*":             "the placer moves a consumer to its stream's leader (replicas > 1)",
-	"dispatcher sub $JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.*":       "the placer hears a stream elect a leader (replicas > 1)",
-	"worker-default pub $JS.API.CONSUMER.DELETE.FLEET_POOL_default.*": "a queue whose consumer was lost with its server is made again (queue.LostAfter)",
-	"worker-default pub $JS.API.CONSUMER.CREATE.FLEET_POOL_default.*.fleet.p.default.*.*.>": "a queue deleted by hand or lost with its server is made again, " +
+	"dispatcher pub $JS.API.STREAM.LIST":                            "the leader balancer lists the streams (replicas > 1)",
+	"dispatcher pub $JS.API.STREAM.LEADER.STEPDOWN.*":               "the leader balancer moves leaders (replicas > 1)",
+	"dispatcher pub $JS.API.CONSUMER.LIST.*":                        "the lag gauges list the pools' consumers",
+	"dispatcher pub $JS.API.CONSUMER.NAMES.*":                       "the placer lists a stream's consumers (replicas > 1)",
+	"dispatcher pub $JS.API.CONSUMER.LEADER.STEPDOWN.*.*":           "the placer moves a consumer to its stream's leader (replicas > 1)",
+	"dispatcher sub $JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.*.*": "the placer hears a consumer elect a leader (replicas > 1)",
+	"worker-default pub $JS.API.CONSUMER.CREATE.FLEET_POOL_default.*.fleet.p.default.*.*.>": "a queue deleted by hand is made again, " +
 		"one made by a dispatcher is given the worker's ack wait",
 	"dispatcher pub fleet.t.*.ev.>":                               "the reaper's heartbeat events for a lost worker's jobs (with Redis)",
 	"worker-default pub $JS.API.STREAM.CREATE.FLEET_POOL_default": "a worker that starts before any dispatcher made its pool's stream",

@@ -16,13 +16,11 @@ type metrics struct {
 	started   metric.Int64Counter
 	adopted   metric.Int64Counter
 	handedOff metric.Int64Counter
-	// queuesRemade counts the queues made again after their consumer was
-	// lost with its server.
-	queuesRemade metric.Int64Counter
-	finished     metric.Int64Counter
-	retries      metric.Int64Counter
-	duration     metric.Float64Histogram
-	wait         metric.Float64Histogram
+
+	finished metric.Int64Counter
+	retries  metric.Int64Counter
+	duration metric.Float64Histogram
+	wait     metric.Float64Histogram
 	// tenantWait is wait by tenant and priority, with their sets kept.
 	tenantWait  metric.Float64Histogram
 	tenantAttrs sync.Map // tenantPriority → metric.MeasurementOption
@@ -80,7 +78,6 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
 	x.adopted, _ = m.Int64Counter("fleet.worker.attempts.adopted", metric.WithDescription("Attempts that outlived their worker and were adopted"))
 	x.handedOff, _ = m.Int64Counter("fleet.worker.attempts.handed_off", metric.WithDescription("Attempts left running for another worker to adopt, by a worker stopping with --handoff"))
-	x.queuesRemade, _ = m.Int64Counter("fleet.worker.queues.remade", metric.WithDescription("Queues made again on a live NATS server after their consumer was lost with its server"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
 	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),

@@ -72,8 +72,6 @@ func (w *Worker) bindQueues(ctx context.Context) error {
 		}
 		q.pending.Store(int64(info.NumPending))
 		q.unacked.Store(int64(info.NumAckPending))
-		q.floor.Store(info.AckFloor.Stream)
-		q.heardFrom(nil)
 	}
 	return w.listen()
 }
@@ -318,8 +316,6 @@ func (w *Worker) refreshQueues(ctx context.Context) {
 		}
 		q.pending.Store(int64(info.NumPending))
 		q.unacked.Store(int64(info.NumAckPending))
-		q.floor.Store(info.AckFloor.Stream)
-		q.heardFrom(nil)
 		woke = woke || info.NumPending > 0 || info.NumAckPending > 0
 	}
 	if err := w.listen(); err != nil {
@@ -330,49 +326,6 @@ func (w *Worker) refreshQueues(ctx context.Context) {
 		case w.qs.wake <- struct{}{}:
 		default:
 		}
-	}
-}
-
-// remakeLost makes again each queue whose consumer has not answered for
-// queue.LostAfter while its pool's stream answers: its only server is gone
-// (see queue.Placed). It is made on a live server, from the message after
-// the last it was known to have had acknowledged with all before it.
-func (w *Worker) remakeLost(ctx context.Context) {
-	w.qs.mu.Lock()
-	var lost []*workQueue
-	for _, q := range w.qs.list {
-		if since := q.silent.Load(); since != 0 && time.Since(time.Unix(0, since)) > queue.LostAfter {
-			lost = append(lost, q)
-		}
-	}
-	w.qs.mu.Unlock()
-	if len(lost) == 0 {
-		return
-	}
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err := w.js.Stream(sctx, w.names.PoolStreamV2(w.cfg.Pool))
-	cancel()
-	if err != nil {
-		return // the stream does not answer either: nothing to tell apart yet
-	}
-	for _, q := range lost {
-		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		floor := q.floor.Load()
-		cons, err := queue.RemakeQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, q.key, floor)
-		cancel()
-		if err != nil {
-			w.log.Warn("cannot make a lost queue again; trying again at the next look", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
-			continue
-		}
-		fresh := &workQueue{key: q.key, cons: cons}
-		fresh.pending.Store(q.pending.Load())
-		w.qs.mu.Lock()
-		w.qs.forget(q)
-		w.qs.add(fresh)
-		w.qs.mu.Unlock()
-		w.m.queuesRemade.Add(ctx, 1, w.m.poolAttrs)
-		w.log.Warn("made a queue again whose consumer was lost with its server", "tenant", q.key.Tenant, "priority", q.key.Priority,
-			"silent_for", time.Since(time.Unix(0, q.silent.Load())).Round(time.Second), "from_seq", floor+1)
 	}
 }
 
@@ -490,7 +443,6 @@ func (w *Worker) pullFrom(t take) {
 	defer func() { w.slots.release(t.n - used) }()
 	batch, err := t.q.cons.FetchNoWait(t.n)
 	if err != nil {
-		t.q.heardFrom(err)
 		w.log.Debug("pull from queue failed", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
 		if gone(err) {
 			w.rebind(t.q)
@@ -506,11 +458,6 @@ func (w *Worker) pullFrom(t take) {
 		w.catchUp()
 		w.attempts.Add(1)
 		w.deliveries <- msg
-	}
-	if used > 0 {
-		t.q.heardFrom(nil)
-	} else {
-		t.q.heardFrom(batch.Error())
 	}
 	// The plan counted t.n as taken; what came says what is left. A pull
 	// nobody answered (a queue just made, whose consumer has no leader

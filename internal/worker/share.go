@@ -2,14 +2,12 @@ package worker
 
 import (
 	"cmp"
-	"errors"
 	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -61,28 +59,11 @@ type workQueue struct {
 	rung atomic.Int64
 	// probed is when it was last pulled from with nothing known waiting.
 	probed time.Time
-	// silent is when its consumer stopped answering pulls (unix ns; 0
-	// while it answers), and floor the last message it had had
-	// acknowledged with all before it, as last listed: from where it is
-	// made again if it stays silent (see remakeLost).
-	silent atomic.Int64
-	floor  atomic.Uint64
 	// checked is when the worker last asked whether its consumer exists
 	// (unix ns; see unanswered).
 	checked atomic.Int64
 	// rebinding is set while the worker makes its consumer again.
 	rebinding atomic.Bool
-}
-
-// heardFrom notes how a pull from q ended: a consumer that does not answer
-// at all (no responders: its only server is down) is silent from then on,
-// until one answers.
-func (q *workQueue) heardFrom(err error) {
-	if errors.Is(err, nats.ErrNoResponders) {
-		q.silent.CompareAndSwap(0, time.Now().UnixNano())
-		return
-	}
-	q.silent.Store(0)
 }
 
 // queues are the queues of a worker's pool.

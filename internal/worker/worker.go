@@ -320,7 +320,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	poll := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: func(ctx context.Context) {
 		w.readPause(ctx)
 		w.refreshQueues(ctx)
-		w.remakeLost(ctx)
 	}, Later: true}
 	if err := w.background.Start(ctx, "the reading of the pool's state and queues", poll); err != nil {
 		return err
@@ -540,7 +539,6 @@ func (w *Worker) pull() {
 		}
 		batch, err := only.cons.Fetch(n, w.fetchOpts()...)
 		if err != nil {
-			only.heardFrom(err)
 			w.slots.release(n)
 			<-fetches
 			if w.pullCtx.Err() != nil {
@@ -577,11 +575,6 @@ func (w *Worker) pull() {
 			}
 			w.slots.release(n - used)
 			err := batch.Error()
-			if used > 0 {
-				only.heardFrom(nil)
-			} else {
-				only.heardFrom(err)
-			}
 			switch {
 			case gone(err):
 				// Deleted while the request waited, even after it brought
