@@ -14,7 +14,9 @@ func TestMisplaced(t *testing.T) {
 	consumer := func(leader string, replicas ...*jetstream.PeerInfo) *jetstream.ConsumerInfo {
 		return &jetstream.ConsumerInfo{Name: "q3-default", Cluster: &jetstream.ClusterInfo{Leader: leader, Replicas: replicas}}
 	}
-	peer := func(name string, current bool) *jetstream.PeerInfo { return &jetstream.PeerInfo{Name: name, Current: current} }
+	peer := func(name string, current bool) *jetstream.PeerInfo {
+		return &jetstream.PeerInfo{Name: name, Current: current}
+	}
 	offline := &jetstream.PeerInfo{Name: "n1", Current: true, Offline: true}
 	cases := []struct {
 		name   string
