@@ -130,7 +130,9 @@ func Read(ctx context.Context, js jetstream.JetStream, names queue.Names, pool, 
 	}
 	p := &Pool{Jobs: map[string][]Version{}}
 	for {
-		batch, err := c.FetchNoWait(1024)
+		// A fetch that waits: an ordered consumer just made may not
+		// deliver at once, and an empty first answer is not an empty pool.
+		batch, err := c.Fetch(1024, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("read pool %s: %w", pool, err)
 		}
@@ -162,8 +164,19 @@ func Read(ctx context.Context, js jetstream.JetStream, names queue.Names, pool, 
 			p.Jobs[name] = append(p.Jobs[name], v)
 			done = md.NumPending == 0
 		}
-		if n == 0 || done {
+		if done {
 			return p, nil
+		}
+		if n == 0 {
+			// Nothing came within the wait: done if the consumer has
+			// nothing left to deliver.
+			info, err := c.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("read pool %s: %w", pool, err)
+			}
+			if info.NumPending == 0 {
+				return p, nil
+			}
 		}
 	}
 }
