@@ -31,9 +31,13 @@ tools:
 demo: build
 	./scripts/demo.sh
 
-## test: the whole test suite (real NATS, Redis and Docker; CI=true makes a missing one fail)
+## test: the whole test suite (real NATS, Redis and Docker; CI=true makes a missing one fail);
+## the failover tests, which bound in seconds what a job waits through NATS servers killed,
+## run alone once the rest is done
+FAILOVER := ./internal/e2e/failover
 test: lint
-	$(GO) test $(TESTFLAGS) ./...
+	$(GO) test $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/e2e/failover$$')
+	$(GO) test $(TESTFLAGS) $(FAILOVER)
 
 ## bench: Go benchmarks of the hot paths (with BenchmarkSchedules: 1,000 schedules every second for a minute, FLEET_BENCH_SCHEDULES_FOR=10s for a quick try), the load test through the whole fleet, sharing a pool (one and ten tenants) against the fleet of before, Kubernetes against the bare Job cycle, then artifacts (upload vs a raw Put, log archiving on vs off)
 bench: build
