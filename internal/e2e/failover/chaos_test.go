@@ -17,9 +17,9 @@ import (
 // node leading the jobs stream, then the meta leader, then a third node are
 // killed with SIGKILL and restarted two seconds later. Every job ends with
 // exactly one result, in the stream and as heard by subscribers
-// (historytest), none fails or times out because of the failures, the
-// worst submit→result latency stays under 10 s, and the throughput over
-// the run is at least 0.9 times the undisturbed run's.
+// (historytest), none fails or times out because of the failures; the
+// targets (see target): the worst submit→result latency under 10 s, and
+// the throughput over the run at least 0.9 times the undisturbed run's.
 func TestChaosOnACluster(t *testing.T) {
 	// Paced for 36 s, so that each kill is twelve seconds from the next: a
 	// node killed takes the leadership of its Raft groups with it, their
@@ -78,12 +78,8 @@ func TestChaosOnACluster(t *testing.T) {
 	// (TestFailoverCostsOnlyTheElections) is well under a second: the worst
 	// stays under 10 s.
 	for _, r := range []run{storm, stored} {
-		if r.worst > 10*time.Second {
-			t.Errorf("the worst submit→result latency was %s with nodes failing, over 10 s", r.worst)
-		}
-		if r.rate() < 0.9*calm.rate() {
-			t.Errorf("%.0f jobs/s with nodes failing, under 0.9 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
-		}
+		target(t, r.worst <= 10*time.Second, "the worst submit→result latency was %s with nodes failing, over 10 s", r.worst)
+		target(t, r.rate() >= 0.9*calm.rate(), "%.0f jobs/s with nodes failing, under 0.9 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
 	}
 	for _, p := range append(ds, workers...) {
 		if p.Wait(0) {
