@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/fleettest"
+)
+
+// fleetctl runs a command line in the test process, as main would, and
+// returns its exit code, standard output and standard error.
+func fleetctl(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// file writes a file in the test's folder and returns its path.
+func file(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestGlobalFlagsBeforeOrAfterTheCommand: the global flags go before the
+// command, as the nats CLI, kubectl, docker and git take them (and as
+// deploy/nats/README.md shows them), or after it, or both.
+func TestGlobalFlagsBeforeOrAfterTheCommand(t *testing.T) {
+	f := fleettest.Start(t)
+	url := f.NATS.URL()
+	req := file(t, "job.json", `{"id": "global-1", "command": ["true"]}`)
+
+	code, out, errOut := fleetctl(t, "--tenant", "acme", "--nats-url", url, "submit", "-f", req)
+	if code != exitOK || out != "global-1\n" {
+		t.Fatalf("global flags before submit: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	acme, err := client.New(f.NATS.Connect(t), client.WithTenant("acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := acme.Status(ctx, "global-1"); err != nil {
+		t.Fatalf("the job is not acme's: %v", err)
+	}
+	if _, err := f.Client.Status(ctx, "global-1"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the job is the default tenant's too: %v", err)
+	}
+
+	for _, args := range [][]string{
+		{"--nats-url=" + url, "--tenant", "acme", "-o", "json", "status", "global-1"},
+		{"status", "global-1", "--nats-url", url, "--tenant=acme", "-o", "json"},
+		{"--nats-url", url, "status", "--tenant", "acme", "global-1", "-o=json"},
+	} {
+		code, out, errOut := fleetctl(t, args...)
+		if code != exitOK || !strings.Contains(out, `"id": "global-1"`) || !strings.Contains(out, `"tenant": "acme"`) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"-f", req, "submit"}, exitUsage, "-f before the command is not a global flag"},
+		{[]string{"--tenant"}, exitUsage, "flag needs an argument: --tenant"},
+		{[]string{"--tenant", "acme"}, exitUsage, "no command given"},
+		{[]string{"--tenant", "acme", "nosuch"}, exitUsage, `unknown command "nosuch"`},
+		{[]string{"--tenant", "acme", "-h"}, exitOK, "Global flags, before or after the command:"},
+		{[]string{"--tenant", "acme", "--help", "status"}, exitOK, "usage: fleetctl [global flags] status"},
+		{[]string{"help", "status"}, exitOK, "usage: fleetctl [global flags] status"},
+	} {
+		code, _, errOut := fleetctl(t, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", c.args, code, errOut, c.code, c.want)
+		}
+	}
+}
