@@ -88,3 +88,53 @@ func TestGlobalFlagsBeforeOrAfterTheCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryCommandHasAnExample walks the command tree: each command's
+// --help shows examples of it, and of each of its verbs, that read as
+// fleetctl reads a command line.
+func TestEveryCommandHasAnExample(t *testing.T) {
+	code, _, top := fleetctl(t, "--help")
+	if code != exitOK {
+		t.Fatalf("fleetctl --help: exit %d", code)
+	}
+	for _, c := range commands {
+		if !strings.Contains(top, "\n  "+c.name+" ") {
+			t.Errorf("fleetctl --help does not list %s", c.name)
+		}
+		code, _, help := fleetctl(t, c.name, "--help")
+		if code != exitOK {
+			t.Errorf("fleetctl %s --help: exit %d", c.name, code)
+			continue
+		}
+		shown := map[string]bool{}
+		_, examples, _ := strings.Cut(help, "\nExamples:\n")
+		examples, _, _ = strings.Cut(examples, "\n\n")
+		for _, line := range strings.Split(examples, "\n") {
+			_, cmdLine, ok := strings.Cut(line, "fleetctl ")
+			if !ok {
+				continue
+			}
+			cmdLine, _, _ = strings.Cut(cmdLine, "  #")
+			_, name, rest, _, err := splitCommand(strings.Fields(cmdLine))
+			if err != nil || name != c.name {
+				t.Errorf("fleetctl %s --help: the example %q is not of %s (%v)", c.name, line, c.name, err)
+				continue
+			}
+			shown[""] = true
+			for _, a := range rest {
+				if !strings.HasPrefix(a, "-") {
+					shown[a] = true
+					break
+				}
+			}
+		}
+		if !shown[""] {
+			t.Errorf("fleetctl %s --help shows no example:\n%s", c.name, help)
+		}
+		for _, v := range c.verbs {
+			if !shown[v] {
+				t.Errorf("fleetctl %s --help shows no example of %s %s:\n%s", c.name, c.name, v, examples)
+			}
+		}
+	}
+}

@@ -28,6 +28,10 @@ func init() {
 				"Prints the job id. With --wait, follows the job and exits 0 only if it succeeds;\n" +
 				"with --wait -o json, prints the result document. Each --input NAME=@FILE uploads\n" +
 				"FILE to the fleet's object store first and adds it to the request's input_refs as NAME.",
+			example: "fleetctl submit -f job.json                                   # prints the job id\n" +
+				"echo '{\"command\": [\"sh\", \"-c\", \"echo hi\"]}' | fleetctl submit -f - --wait\n" +
+				"fleetctl submit -f job.json --input data=@data.csv --wait -o json\n" +
+				"fleetctl --tenant acme --nats-nkey acme.nk submit -f job.json      # global flags before or after the command",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&file, "f", "", "request file, or - for standard input")
 				fs.BoolVar(&wait, "wait", false, "follow the job until it ends")
@@ -40,6 +44,8 @@ func init() {
 		&command{
 			name: "status", args: "ID [ID...]",
 			help: "Show a job's state, and its result once it has one (several ids: a table).",
+			example: "fleetctl status tour-1\n" +
+				"fleetctl status tour-1 tour-2 tour-3 -o json",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				switch len(args) {
 				case 0:
@@ -53,6 +59,8 @@ func init() {
 		&command{
 			name: "watch", args: "ID",
 			help: "Follow a job's lifecycle events until it ends (-o json: one event per line).",
+			example: "fleetctl watch tour-1\n" +
+				"fleetctl watch tour-1 -o json | jq -r .type",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				id, err := oneID(args)
 				if err != nil {
@@ -71,7 +79,8 @@ func init() {
 		},
 		&command{
 			name: "cancel", args: "ID",
-			help: "Cancel a job: a queued job never starts, a running one is stopped.",
+			help:    "Cancel a job: a queued job never starts, a running one is stopped.",
+			example: "fleetctl cancel tour-1",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				id, err := oneID(args)
 				if err != nil {

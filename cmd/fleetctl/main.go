@@ -55,6 +55,11 @@ type command struct {
 	name, args, help string
 	run              func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	flags            func(fs *flag.FlagSet)
+	// example shows the command at work, a line or two per use (each verb
+	// of a command that has verbs), as its -h prints them.
+	example string
+	// verbs are the command's own subcommands (pool show, pool set …).
+	verbs []string
 	// fileOutput: the command's -o names a file, not the output format.
 	fileOutput bool
 }
@@ -104,7 +109,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
-	fs.Usage = cli.Usage(fs, fmt.Sprintf("usage: fleetctl [global flags] %s %s\n\n%s", cmd.name, cmd.args, cmd.help))
+	synopsis := fmt.Sprintf("usage: fleetctl [global flags] %s %s\n\n%s", cmd.name, cmd.args, cmd.help)
+	if cmd.example != "" {
+		synopsis += "\n\nExamples:\n" + indent(cmd.example)
+		synopsis = strings.TrimRight(synopsis, "\n")
+	}
+	fs.Usage = cli.Usage(fs, synopsis)
 	cmdArgs := append(lead, rest...)
 	if help {
 		cmdArgs = append(cmdArgs, "-h")
@@ -167,7 +177,7 @@ func usage(w io.Writer) {
 		}
 	})
 	fmt.Fprintf(w, "\nGlobal flags, before or after the command:\n%s\n", wrap(strings.Join(globals, " "), 76, "  "))
-	fmt.Fprintln(w, "\nRun 'fleetctl COMMAND -h' or 'fleetctl help COMMAND' for a command's flags.\n"+
+	fmt.Fprintln(w, "\nRun 'fleetctl COMMAND -h' or 'fleetctl help COMMAND' for a command's flags and examples.\n"+
 		"Every flag also reads FLEET_<FLAG>.")
 }
 

@@ -32,6 +32,12 @@ func init() {
 			"                     removes it), --quota TENANT=SLOTS or TENANT=cpu=4,memory=8Gi,gpu=2\n" +
 			"                     (none removes it), --max-running N (0: no bound),\n" +
 			"                     --half-life D (how fast past usage is forgotten)",
+		example: "fleetctl pool show gpu\n" +
+			"fleetctl pool pause gpu --reason 'driver upgrade'\n" +
+			"fleetctl pool resume gpu\n" +
+			"fleetctl pool set gpu --weight acme=3 --quota beta=2 --max-running 40\n" +
+			"fleetctl pool set gpu --quota acme=cpu=16,memory=64Gi,gpu=2 --half-life 30m",
+		verbs: []string{"show", "pause", "resume", "set"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&reason, "reason", "", "why the pool is paused (shown by pool show)")
 			fs.Var(&weights, "weight", "TENANT=W: the tenant's weight in the pool's fair share (pool set; repeatable)")

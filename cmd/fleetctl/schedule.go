@@ -40,6 +40,15 @@ func init() {
 			"  schedule list | delete NAME\n" +
 			"cron: 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first,\n" +
 			"or @hourly, @daily, @weekly, @monthly, @yearly; every: a whole number of seconds, at least 1s.",
+		example: "fleetctl schedule create nightly --template report.json --cron '0 2 * * *' --zone Europe/Paris\n" +
+			"fleetctl schedule create tick -f schedule.json     # {\"cron\": …, \"template\": {the request}, …}\n" +
+			"fleetctl schedule update nightly --cron '30 2 * * *'\n" +
+			"fleetctl schedule pause nightly\n" +
+			"fleetctl schedule resume nightly\n" +
+			"fleetctl schedule show nightly\n" +
+			"fleetctl schedule list -o json\n" +
+			"fleetctl schedule delete nightly",
+		verbs: []string{"create", "update", "delete", "pause", "resume", "show", "list"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&sf.file, "f", "", "the schedule as a JSON document (- for standard input)")
 			fs.StringVar(&sf.template, "template", "", "the request each firing submits, a JSON file (- for standard input)")
