@@ -11,7 +11,11 @@ import (
 	"time"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/capacity"
+	"github.com/fleet-dev/fleet/internal/capacity/monitor"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/redistest"
 )
 
 // fleetctl runs a command line in the test process, as main would, and
@@ -134,6 +138,68 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 		for _, v := range c.verbs {
 			if !shown[v] {
 				t.Errorf("fleetctl %s --help shows no example of %s %s:\n%s", c.name, c.name, v, examples)
+			}
+		}
+	}
+}
+
+// TestScheduleCreateSaysARequestGoesInTemplate: a job request given as a
+// schedule (-f) is refused with a word that it goes in --template.
+func TestScheduleCreateSaysARequestGoesInTemplate(t *testing.T) {
+	f := fleettest.Start(t)
+	url := f.NATS.URL()
+	req := file(t, "request.json", `{"command": ["echo", "hi"]}`)
+
+	code, _, errOut := fleetctl(t, "--nats-url", url, "schedule", "create", "nightly", "-f", req)
+	if code != exitUsage || !strings.Contains(errOut, `unknown field "command"`) ||
+		!strings.Contains(errOut, "holds a job request, not a schedule: give a request with --template "+req+" and --cron or --every") {
+		t.Errorf("a request as -f: exit %d, stderr %q", code, errOut)
+	}
+	code, out, errOut := fleetctl(t, "--nats-url", url, "schedule", "create", "nightly", "--template", req, "--every", "1h")
+	if code != exitOK || !strings.Contains(out, "nightly") {
+		t.Errorf("the request as --template: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	// A schedule with a mistake of its own gets no such word.
+	bad := file(t, "schedule.json", `{"every": "1h", "templat": {"command": ["true"]}}`)
+	code, _, errOut = fleetctl(t, "--nats-url", url, "schedule", "create", "other", "-f", bad)
+	if code != exitUsage || !strings.Contains(errOut, `unknown field "templat"`) || strings.Contains(errOut, "job request") {
+		t.Errorf("a bad schedule: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestSubmitToAPoolWithoutWorkersSaysHowToSeeThem: a submission the
+// admission refuses because no live worker of its pool could run it says
+// how to list the pool's workers.
+func TestSubmitToAPoolWithoutWorkersSaysHowToSeeThem(t *testing.T) {
+	rs := redistest.Start(t)
+	caps, err := capacity.Open(rs.URL(), capacity.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caps.Close() })
+	adm, err := monitor.NewAdmission(caps, monitor.AdmitReject, fleettest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adm.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = adm.Stop(context.Background()) })
+	f := fleettest.Start(t, func(c *dispatcher.Config) { c.Admission = adm })
+	url := f.NATS.URL()
+
+	for _, c := range []struct{ request, pool string }{
+		{`{"command": ["true"]}`, "default"},
+		{`{"pool": "gpu", "command": ["true"]}`, "gpu"},
+	} {
+		req := file(t, "job.json", c.request)
+		for _, wait := range [][]string{nil, {"--wait"}} {
+			args := append([]string{"--nats-url", url, "submit", "-f", req}, wait...)
+			code, _, errOut := fleetctl(t, args...)
+			if code != exitUsage || !strings.Contains(errOut, `pool "`+c.pool+`" has no live worker`) ||
+				!strings.Contains(errOut, "fleetctl workers --pool "+c.pool) {
+				t.Errorf("%s %q: exit %d, stderr %q", c.request, wait, code, errOut)
 			}
 		}
 	}

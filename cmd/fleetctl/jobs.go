@@ -138,13 +138,13 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		if e.json() && !wait {
 			_ = writeJSON(e.stdout, map[string]string{"job_id": rej.JobID, "state": "rejected", "error": rej.Reason})
 		}
-		return exit(exitUsage, "request rejected: %s", rej.Reason)
+		return exit(exitUsage, "request rejected: %s%s", rej.Reason, workersHint(rej.Reason, data))
 	}
 	if err != nil {
 		return err
 	}
 	if sub.Warning != "" {
-		fmt.Fprintln(e.stderr, "warning:", sub.Warning)
+		fmt.Fprintf(e.stderr, "warning: %s%s\n", sub.Warning, workersHint(sub.Warning, data))
 	}
 	if sub.Duplicate {
 		fmt.Fprintf(e.stderr, "job %s already exists (%s); not submitted again\n", sub.JobID, sub.State)
@@ -169,7 +169,7 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		return err
 	}
 	if final.Type == job.EventRejected {
-		return exit(exitUsage, "rejected: %s", final.Message)
+		return exit(exitUsage, "rejected: %s%s", final.Message, workersHint(final.Message, data))
 	}
 	res, err := c.Result(ctx, sub.JobID)
 	if err != nil {
@@ -183,6 +183,24 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		printResult(e.stdout, res)
 	}
 	return finalExit(final)
+}
+
+// workersHint is what to add to an admission's refusal or warning that no
+// live worker of the request's pool could run it: how to see that pool's
+// workers.
+func workersHint(reason string, request []byte) string {
+	if !strings.Contains(reason, "has no live worker") && !strings.Contains(reason, "no worker of pool") {
+		return ""
+	}
+	var r struct {
+		Pool string `json:"pool"`
+	}
+	_ = json.Unmarshal(request, &r)
+	pool := r.Pool
+	if pool == "" {
+		pool = job.DefaultPool
+	}
+	return fmt.Sprintf(" (list the pool's live workers, and what each has, with: fleetctl workers --pool %s)", pool)
 }
 
 // watch prints a job's events until its final one, and returns that one.
