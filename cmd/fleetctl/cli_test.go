@@ -14,8 +14,10 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/capacity/monitor"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/executor/noop"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/worker"
 )
 
 // fleetctl runs a command line in the test process, as main would, and
@@ -140,6 +142,31 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 				t.Errorf("fleetctl %s --help shows no example of %s %s:\n%s", c.name, c.name, v, examples)
 			}
 		}
+	}
+}
+
+// TestDuplicateSubmitSaysOneThing: a request whose id has a job already is
+// not submitted again, and fleetctl says that, and only that.
+func TestDuplicateSubmitSaysOneThing(t *testing.T) {
+	f := fleettest.Start(t)
+	f.Worker(t, noop.Executor{}, worker.Config{Pool: "default", Slots: 1})
+	url := f.NATS.URL()
+	req := file(t, "job.json", `{"id": "dup-1", "command": ["true"]}`)
+
+	code, out, errOut := fleetctl(t, "--nats-url", url, "submit", "-f", req, "--wait")
+	if code != exitOK || !strings.Contains(out, "job dup-1 submitted") || strings.Contains(errOut, "already exists") {
+		t.Fatalf("first submission: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	code, out, errOut = fleetctl(t, "--nats-url", url, "submit", "-f", req, "--wait")
+	if code != exitOK || strings.Contains(out, "submitted") || !strings.Contains(out, "result: succeeded") ||
+		!strings.Contains(errOut, "job dup-1 already exists (succeeded): not submitted again; following it") {
+		t.Errorf("second submission, --wait: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	code, out, errOut = fleetctl(t, "--nats-url", url, "submit", "-f", req)
+	if code != exitOK || out != "dup-1\n" || !strings.Contains(errOut, "job dup-1 already exists (succeeded): not submitted again\n") {
+		t.Errorf("third submission: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 

@@ -146,8 +146,13 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 	if sub.Warning != "" {
 		fmt.Fprintf(e.stderr, "warning: %s%s\n", sub.Warning, workersHint(sub.Warning, data))
 	}
-	if sub.Duplicate {
-		fmt.Fprintf(e.stderr, "job %s already exists (%s); not submitted again\n", sub.JobID, sub.State)
+	switch {
+	case sub.Duplicate && wait:
+		fmt.Fprintf(e.stderr, "job %s already exists (%s): not submitted again; following it\n", sub.JobID, sub.State)
+	case sub.Duplicate:
+		fmt.Fprintf(e.stderr, "job %s already exists (%s): not submitted again\n", sub.JobID, sub.State)
+	case wait && !e.json():
+		fmt.Fprintf(e.stdout, "job %s submitted\n", sub.JobID)
 	}
 	if !wait {
 		if e.json() {
@@ -155,9 +160,6 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		}
 		fmt.Fprintln(e.stdout, sub.JobID)
 		return nil
-	}
-	if !e.json() {
-		fmt.Fprintf(e.stdout, "job %s submitted\n", sub.JobID)
 	}
 	// In JSON mode the events go nowhere: stdout is for the result alone.
 	events := e.stdout
