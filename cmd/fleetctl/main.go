@@ -208,7 +208,7 @@ func firstLine(s string) string {
 func (e *env) globalFlags(fs *flag.FlagSet, fileOutput bool) {
 	e.nats.Register(fs)
 	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
-	fs.StringVar(&e.tenant, "tenant", job.DefaultTenant, "the tenant to act as: on an authenticated fleet, the one the NATS user may act as")
+	fs.StringVar(&e.tenant, "tenant", job.DefaultTenant, "the tenant to act as, named in the subjects of its requests (fleet.t.<tenant>.…): on an open fleet any; on an authenticated fleet, the one the NATS user may act as")
 	e.output = "text"
 	if !fileOutput {
 		fs.StringVar(&e.output, "o", "text", "output format: text or json")
