@@ -367,7 +367,7 @@ func (w *Worker) onNewQueue(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: tenant})
+	w.heard(queue.QueueKey{Priority: p, Tenant: tenant}, true)
 }
 
 // onQueued hears that a job was queued.
@@ -380,12 +380,17 @@ func (w *Worker) onQueued(m *nats.Msg) {
 	if err != nil || !job.ValidTenant(k.Tenant) {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant})
+	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant}, false)
 }
 
-// heard notes a job queued on a queue, binding to the queue if it is new.
-func (w *Worker) heard(key queue.QueueKey) {
+// heard notes a job queued on a queue, binding to the queue if it is new;
+// told, the job is on its way: a dispatcher said it made the queue for
+// its job, before it queues it (see expected).
+func (w *Worker) heard(key queue.QueueKey, told bool) {
 	if q := w.qs.get(key); q != nil {
+		if told {
+			q.expect()
+		}
 		w.qs.ring(q)
 		return
 	}
@@ -400,6 +405,9 @@ func (w *Worker) heard(key queue.QueueKey) {
 		}
 		if err := w.listen(); err != nil {
 			w.log.Warn("cannot listen for queued jobs", "err", err)
+		}
+		if told {
+			q.expect()
 		}
 		w.qs.ring(q)
 	}()
@@ -580,8 +588,16 @@ func (w *Worker) pullFrom(t take) {
 	// The plan counted t.n as taken; what came says what is left. A pull
 	// nobody answered (a queue just made, whose consumer has no leader
 	// yet; its server down) says nothing of what waits: the queue keeps
-	// what it was known to hold, and is pulled from again.
+	// what it was known to hold, and is pulled from again. Neither does an
+	// empty pull from a queue whose job a dispatcher said was on its way
+	// (see expected): it is pulled from again a moment later.
 	unanswered := used == 0 && errors.Is(batch.Error(), nats.ErrNoResponders)
+	if used > 0 {
+		t.q.told.Store(0)
+	} else if again, ok := t.q.expected(start); ok && !unanswered {
+		w.m.pullsAgain.Add(context.Background(), 1, w.m.poolAttrs)
+		time.AfterFunc(again, func() { w.qs.ring(t.q) })
+	}
 	switch rung := t.q.rung.Load() >= start; {
 	case unanswered:
 	case last >= 0 && !rung:

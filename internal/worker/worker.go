@@ -592,6 +592,9 @@ func (w *Worker) pull() {
 				w.attempts.Add(1)
 				w.deliveries <- msg
 			}
+			if used > 0 {
+				only.told.Store(0) // what a dispatcher said was on its way came
+			}
 			w.slots.release(w.qs.waited(req))
 			err := batch.Error()
 			switch {
