@@ -1,7 +1,10 @@
 package worker_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -93,3 +96,57 @@ func BenchmarkNoticePublish(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFirstJobOfNewTenant measures, side by side, how long a job
+// takes from its submission to its start on a worker that knows its queue
+// (an established tenant's, default) and on one that does not (a new
+// tenant's first job: the dispatcher makes its queue and says so). Each
+// round has a pool of its own and a worker just started, whose pool has
+// had one queue (default's, a job run on it first): its pull requests wait
+// on that queue. It reports each latency's median and range over the
+// rounds, in milliseconds.
+func BenchmarkFirstJobOfNewTenant(b *testing.B) {
+	f := fleettest.Start(b)
+	// Each round's worker stops beside the next rounds (a stop waits for
+	// its pull requests to expire), before their connections close.
+	var stopping sync.WaitGroup
+	defer stopping.Wait()
+	var known, fresh []float64
+	run := job.NewID()[16:]
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		pool := fmt.Sprintf("nt-%s-%d", run, i)
+		w, err := worker.New(f.NATS.Connect(b), noop.Executor{}, worker.Config{ID: pool, Pool: pool, Slots: 2, Backend: "noop",
+			Queue: f.Queue, Logger: fleettest.Logger(b)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = w.Start(ctx)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		k, n := newQueueLatency(b, f, pool, "new-"+pool, job.DefaultPriority)
+		known, fresh = append(known, ms(k)), append(fresh, ms(n))
+		stopping.Add(1)
+		go func() {
+			defer stopping.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = w.Stop(ctx)
+		}()
+	}
+	b.StopTimer()
+	for _, m := range []struct {
+		name string
+		v    []float64
+	}{{"established", known}, {"new_tenant", fresh}} {
+		slices.Sort(m.v)
+		b.ReportMetric((m.v[(len(m.v)-1)/2]+m.v[len(m.v)/2])/2, m.name+"_p50_ms")
+		b.ReportMetric(m.v[0], m.name+"_min_ms")
+		b.ReportMetric(m.v[len(m.v)-1], m.name+"_max_ms")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

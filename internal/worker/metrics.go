@@ -16,6 +16,14 @@ type metrics struct {
 	started   metric.Int64Counter
 	adopted   metric.Int64Counter
 	handedOff metric.Int64Counter
+	// cut counts the pull requests whose wait on the pool's only queue
+	// was cut as it got another; handedBack what they brought after,
+	// with no slot free (see waiting).
+	cut        metric.Int64Counter
+	handedBack metric.Int64Counter
+	// pullsAgain counts the empty pulls from a queue whose job a
+	// dispatcher said was on its way, tried again (see expected).
+	pullsAgain metric.Int64Counter
 
 	finished metric.Int64Counter
 	retries  metric.Int64Counter
@@ -78,6 +86,9 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
 	x.adopted, _ = m.Int64Counter("fleet.worker.attempts.adopted", metric.WithDescription("Attempts that outlived their worker and were adopted"))
 	x.handedOff, _ = m.Int64Counter("fleet.worker.attempts.handed_off", metric.WithDescription("Attempts left running for another worker to adopt, by a worker stopping with --handoff"))
+	x.cut, _ = m.Int64Counter("fleet.worker.pulls.cut", metric.WithDescription("Pull requests waiting on a pool's only queue whose wait was cut as the pool got another queue, so that its slots are shared at once"))
+	x.handedBack, _ = m.Int64Counter("fleet.worker.pulls.handed_back", metric.WithDescription("Jobs a pull request whose wait was cut brought with no slot free, handed back to their queue at once"))
+	x.pullsAgain, _ = m.Int64Counter("fleet.worker.pulls.again", metric.WithDescription("Pulls that found nothing in a queue whose job a dispatcher had said was on its way, tried again a moment later"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
 	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),

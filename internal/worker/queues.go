@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,7 +23,8 @@ import (
 // A worker lists its pool's queues when it starts and every listEvery,
 // and hears of a new one from the dispatcher that made it. With one queue
 // it does what a FIFO worker does: its pull requests wait on the queue's
-// consumer. With several, it pulls from them in the plan's order, and,
+// consumer, until a second queue is bound, which cuts their wait (see
+// waiting). With several, it pulls from them in the plan's order, and,
 // while one runs shallow, hears the live copies of the versions that queue
 // jobs (a message each, which the stream publishes once stored), so that
 // it knows which queues have work without asking. A queue whose consumer
@@ -41,6 +43,81 @@ type queueSet struct {
 	// nextList is when refreshQueues lists the queues again (its loop
 	// only reads and writes it).
 	nextList time.Time
+	// waits are the pull requests waiting on the pool's only queue.
+	waitMu sync.Mutex
+	waits  map[*waiting]struct{}
+}
+
+// waiting is a pull request of the pull loop waiting on the pool's only
+// queue (for up to FetchWait), the slots it holds for what it brings, and
+// its place among the loop's open fetches. When the pool gets another
+// queue, its wait is cut (queueSet.cut): the slots it has not filled and
+// its place go back at once, for the pull loop to plan between the
+// queues, rather than when it expires. A pull request cannot
+// be withdrawn (the server has no such request, and one whose inbox is
+// dropped loses what the server sent it meanwhile until the ack wait), so
+// it stays open until it expires: a job it still brings takes a slot that
+// is free, or, with none, goes back to its queue once the request has
+// expired (handBack).
+type waiting struct {
+	room  atomic.Int64 // slots it may still fill
+	until time.Time    // when it expires
+	free  func()       // gives its place among the open fetches back, once
+}
+
+// take reports whether the request may hand on one more message in a slot
+// of its own.
+func (r *waiting) take() bool {
+	for {
+		n := r.room.Load()
+		if n <= 0 {
+			return false
+		}
+		if r.room.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// wait notes a pull request about to wait on the only queue with n slots
+// for up to d; free gives its place among the open fetches back, and is
+// called once, whether by its end or by a cut.
+func (s *queueSet) wait(n int, d time.Duration, free func()) *waiting {
+	r := &waiting{until: time.Now().Add(d), free: sync.OnceFunc(free)}
+	r.room.Store(int64(n))
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	if s.waits == nil {
+		s.waits = map[*waiting]struct{}{}
+	}
+	s.waits[r] = struct{}{}
+	return r
+}
+
+// waited forgets a pull request that ended, and returns the slots it
+// holds and did not fill.
+func (s *queueSet) waited(r *waiting) int {
+	s.waitMu.Lock()
+	delete(s.waits, r)
+	s.waitMu.Unlock()
+	return int(r.room.Swap(0))
+}
+
+// cut ends the wait of the pull requests waiting on the only queue, and
+// gives their places among the open fetches back: it returns how many
+// requests it cut, and the slots they held and did not fill, which are
+// the caller's to release.
+func (s *queueSet) cut() (requests, slots int) {
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	for r := range s.waits {
+		if n := r.room.Swap(0); n > 0 {
+			requests++
+			slots += int(n)
+			r.free()
+		}
+	}
+	return requests, slots
 }
 
 // How often a worker lists its pool's queues, and how long it waits after
@@ -193,10 +270,51 @@ func (w *Worker) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, e
 		return nil, err
 	}
 	q := &workQueue{key: k, cons: cons}
-	w.qs.add(q)
+	if w.qs.add(q) {
+		w.cutWaits()
+	}
 	w.log.Debug("bound to queue", "tenant", k.Tenant, "priority", k.Priority)
 	return q, nil
 }
+
+// cutWaits follows a queue new to the worker: the pull requests waiting on
+// what was the pool's only queue hold every free slot until they expire
+// (FetchWait), and the pull loop looks at the queues only then; their waits
+// are cut, so that the pull loop plans those slots between the queues now
+// (a new tenant's first job, or a priority's, starts as soon as it is
+// queued).
+func (w *Worker) cutWaits() {
+	requests, n := w.qs.cut()
+	if requests == 0 {
+		return
+	}
+	w.m.cut.Add(context.Background(), int64(requests), w.m.poolAttrs)
+	w.slots.release(n)
+	w.log.Debug("the pool has another queue: cut the wait of the pull requests on its first", "requests", requests, "slots", n)
+}
+
+// handBack gives back a message that a pull request whose wait was cut
+// brought when no slot was free (see waiting), to be delivered again once
+// that request has expired: delivered again at once, it would go to the
+// same request, which is first in the server's line, and back, again and
+// again, each time a delivery more of the job's. The queue is noted as
+// having it then, for the plan.
+func (w *Worker) handBack(q *workQueue, req *waiting, msg jetstream.Msg) {
+	w.m.handedBack.Add(context.Background(), 1, w.m.poolAttrs)
+	delay := max(time.Until(req.until), 0) + handBackAfter
+	if err := msg.NakWithDelay(delay); err != nil {
+		w.log.Warn("cannot hand back a job brought by a pull request whose wait was cut; it comes back after the ack wait",
+			"subject", msg.Subject(), "err", err)
+		return
+	}
+	w.log.Debug("handed back a job brought by a pull request whose wait was cut, no slot free", "subject", msg.Subject(), "delay", delay)
+	time.AfterFunc(delay, func() { w.qs.ring(q) })
+}
+
+// handBackAfter is how long after a cut pull request expired (by the
+// worker's clock) what it handed back is delivered again: the server
+// expires it a little later, from when it received it.
+const handBackAfter = 100 * time.Millisecond
 
 // listen subscribes to the live copies of queued versions while the
 // worker needs them to know where work waits, and ends the subscriptions
@@ -249,7 +367,7 @@ func (w *Worker) onNewQueue(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: tenant})
+	w.heard(queue.QueueKey{Priority: p, Tenant: tenant}, true)
 }
 
 // onQueued hears that a job was queued.
@@ -262,12 +380,17 @@ func (w *Worker) onQueued(m *nats.Msg) {
 	if err != nil || !job.ValidTenant(k.Tenant) {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant})
+	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant}, false)
 }
 
-// heard notes a job queued on a queue, binding to the queue if it is new.
-func (w *Worker) heard(key queue.QueueKey) {
+// heard notes a job queued on a queue, binding to the queue if it is new;
+// told, the job is on its way: a dispatcher said it made the queue for
+// its job, before it queues it (see expected).
+func (w *Worker) heard(key queue.QueueKey, told bool) {
 	if q := w.qs.get(key); q != nil {
+		if told {
+			q.expect()
+		}
 		w.qs.ring(q)
 		return
 	}
@@ -282,6 +405,9 @@ func (w *Worker) heard(key queue.QueueKey) {
 		}
 		if err := w.listen(); err != nil {
 			w.log.Warn("cannot listen for queued jobs", "err", err)
+		}
+		if told {
+			q.expect()
 		}
 		w.qs.ring(q)
 	}()
@@ -462,8 +588,16 @@ func (w *Worker) pullFrom(t take) {
 	// The plan counted t.n as taken; what came says what is left. A pull
 	// nobody answered (a queue just made, whose consumer has no leader
 	// yet; its server down) says nothing of what waits: the queue keeps
-	// what it was known to hold, and is pulled from again.
+	// what it was known to hold, and is pulled from again. Neither does an
+	// empty pull from a queue whose job a dispatcher said was on its way
+	// (see expected): it is pulled from again a moment later.
 	unanswered := used == 0 && errors.Is(batch.Error(), nats.ErrNoResponders)
+	if used > 0 {
+		t.q.told.Store(0)
+	} else if again, ok := t.q.expected(start); ok && !unanswered {
+		w.m.pullsAgain.Add(context.Background(), 1, w.m.poolAttrs)
+		time.AfterFunc(again, func() { w.qs.ring(t.q) })
+	}
 	switch rung := t.q.rung.Load() >= start; {
 	case unanswered:
 	case last >= 0 && !rung:

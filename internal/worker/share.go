@@ -57,6 +57,9 @@ type workQueue struct {
 	unacked atomic.Int64
 	// rung is when a live copy last said a job was queued (unix ns).
 	rung atomic.Int64
+	// told is when a dispatcher last said a job of the queue was on its
+	// way (unix ns), until a pull brings one; 0 once one did.
+	told atomic.Int64
 	// probed is when it was last pulled from with nothing known waiting.
 	probed time.Time
 	// checked is when the worker last asked whether its consumer exists
@@ -139,6 +142,33 @@ func (qs *queues) all() []*workQueue {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	return slices.Clone(qs.list)
+}
+
+// expectFor is how long after a dispatcher's word that a job is on its
+// way to a queue an empty pull from the queue is tried again.
+const expectFor = 500 * time.Millisecond
+
+// expect notes a dispatcher's word that a job is on its way to q: it
+// tells of the queue it made for the job before it queues the job.
+func (q *workQueue) expect() { q.told.Store(time.Now().UnixNano()) }
+
+// expected says, for a pull from q started at start (unix ns) that brought
+// nothing, whether a job is on its way to q all the same, and when to pull
+// again. The word comes before the job is stored, and the pull that
+// follows it may come before too; so may one that follows the job's live
+// copy, which the server sends once the job is stored but may send before
+// the queue's consumer counts the job (the stream tells its consumers
+// beside its writes), or before the worker listened for it. Pulls are
+// tried again after as long as has passed since the word, doubling, for
+// up to expectFor; after that a job the word announced and no pull found
+// (another worker's, or never queued) is left to the live copies and the
+// listings.
+func (q *workQueue) expected(start int64) (again time.Duration, ok bool) {
+	told := q.told.Load()
+	if told == 0 || start-told > int64(expectFor) {
+		return 0, false
+	}
+	return max(time.Duration(time.Now().UnixNano()-told), time.Millisecond), true
 }
 
 // ring notes a job heard queued on q, and wakes the pull loop.

@@ -100,3 +100,48 @@ func TestUsageDecays(t *testing.T) {
 		t.Errorf("one half-life later: %.3f, want half", got)
 	}
 }
+
+// A cut gives back what the waiting pull requests hold and have not
+// filled, once: what they bring after takes no slot of theirs, and their
+// end gives back nothing more.
+func TestCutReturnsWhatWaitingRequestsHold(t *testing.T) {
+	s := &queueSet{queues: newQueues()}
+	freed := 0
+	free := func() { freed++ }
+	a, b := s.wait(4, time.Second, free), s.wait(2, time.Second, free)
+	if !a.take() || !a.take() {
+		t.Fatal("a request with room refused a message")
+	}
+	if requests, slots := s.cut(); requests != 2 || slots != 4 {
+		t.Fatalf("cut: %d requests, %d slots; want 2 and 4 (a's 2 left, b's 2)", requests, slots)
+	}
+	if freed != 2 {
+		t.Errorf("cut gave back %d places among the open fetches; want 2", freed)
+	}
+	if a.take() || b.take() {
+		t.Error("a request cut took a slot of its own")
+	}
+	if requests, slots := s.cut(); requests != 0 || slots != 0 {
+		t.Errorf("second cut: %d requests, %d slots; want none", requests, slots)
+	}
+	if n := s.waited(a) + s.waited(b); n != 0 {
+		t.Errorf("the requests cut gave back %d slots as they ended; want 0", n)
+	}
+	a.free()
+	b.free()
+	if freed != 2 {
+		t.Errorf("the requests cut gave their places back %d times in all; want once each", freed)
+	}
+	c := s.wait(3, time.Second, free)
+	c.take()
+	if n := s.waited(c); n != 2 {
+		t.Errorf("a request that was not cut gave back %d slots; want the 2 it did not fill", n)
+	}
+	c.free()
+	if freed != 3 {
+		t.Errorf("places given back: %d; want 3", freed)
+	}
+	if requests, _ := s.cut(); requests != 0 {
+		t.Errorf("cut %d requests that had ended", requests)
+	}
+}

@@ -537,10 +537,21 @@ func (w *Worker) pull() {
 			}
 			continue
 		}
+		// A pull request waiting on the only queue holds its slots and its
+		// place among the open fetches until it expires, unless the pool
+		// gets another queue meanwhile (see waiting): noted before the
+		// queues are looked at again, so that a queue bound from now on
+		// cuts its wait.
+		req := w.qs.wait(n, w.cfg.FetchWait, func() { <-fetches })
+		if w.qs.only() != only {
+			w.slots.release(w.qs.waited(req))
+			req.free()
+			continue
+		}
 		batch, err := only.cons.Fetch(n, w.fetchOpts()...)
 		if err != nil {
-			w.slots.release(n)
-			<-fetches
+			w.slots.release(w.qs.waited(req))
+			req.free()
 			if w.pullCtx.Err() != nil {
 				return
 			}
@@ -569,11 +580,22 @@ func (w *Worker) pull() {
 			used := 0
 			for msg := range batch.Messages() {
 				used++
+				if !req.take() {
+					// Its wait was cut and its slots went back: the message
+					// takes one that is free, or goes back to its queue.
+					if got, _ := w.slots.tryAcquire(1); got == 0 {
+						w.handBack(only, req, msg)
+						continue
+					}
+				}
 				w.catchUp()
 				w.attempts.Add(1)
 				w.deliveries <- msg
 			}
-			w.slots.release(n - used)
+			if used > 0 {
+				only.told.Store(0) // what a dispatcher said was on its way came
+			}
+			w.slots.release(w.qs.waited(req))
 			err := batch.Error()
 			switch {
 			case gone(err):
@@ -585,7 +607,7 @@ func (w *Worker) pull() {
 			}
 			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
 				failing.Store(0)
-				<-fetches
+				req.free()
 				return
 			}
 			k := min(failing.Add(1), 7)
@@ -595,7 +617,7 @@ func (w *Worker) pull() {
 			case <-time.After(pause):
 			case <-w.pullCtx.Done():
 			}
-			<-fetches
+			req.free()
 		}()
 	}
 }
