@@ -154,9 +154,10 @@ func runner(t *testing.T, f fleetEnv) *doctest.Runner {
 		Logf: t.Logf,
 	}
 	// Whoever lands a fix that a block waits for runs the blocks marked
-	// "needs …" with FLEET_DOCTEST_RUN_NEEDS=1, then drops their marks.
-	if os.Getenv("FLEET_DOCTEST_RUN_NEEDS") == "1" {
-		r.RunMarked = func(reason string) bool { return strings.HasPrefix(reason, "needs ") }
+	// "needs the fix…" with FLEET_DOCTEST_RUN_FIXES=1, then drops their
+	// marks.
+	if os.Getenv("FLEET_DOCTEST_RUN_FIXES") == "1" {
+		r.RunMarked = func(reason string) bool { return strings.HasPrefix(reason, "needs the fix") }
 	}
 	return r
 }
