@@ -131,6 +131,11 @@ type Runner struct {
 	// RunMarked, when set, runs the marked blocks whose reason it accepts
 	// (to check a fix that a block waits for before its mark is dropped).
 	RunMarked func(reason string) bool
+	// AtEnd, when set, is called once every block has run, while what the
+	// page started in the background still runs: it checks what the page
+	// promises (its servers answer, its workers are live). An error fails
+	// the page.
+	AtEnd func(ctx context.Context) error
 }
 
 // Ran is what happened to one block.
@@ -328,6 +333,10 @@ loop:
 		waitErr = <-done
 	}
 	advance()
+	var atEnd error
+	if r.AtEnd != nil && timedOut == "" && waitErr == nil && len(ran) == len(steps) {
+		atEnd = r.AtEnd(ctx)
+	}
 	// Stop the background processes before reading what they printed.
 	stopGroup(pgid)
 	for i := range ran {
@@ -340,6 +349,9 @@ loop:
 	}
 	if timedOut == "" && waitErr == nil && len(ran) == len(steps) {
 		e := backgroundFailure(page, work, steps)
+		if e == nil && atEnd != nil {
+			e = &Error{Page: page, Why: "after its last block: " + atEnd.Error()}
+		}
 		if e == nil {
 			return ran, nil
 		}

@@ -239,3 +239,26 @@ func TestABackgroundProcessThatFailsFailsThePage(t *testing.T) {
 		t.Errorf("the error names line %d (want 5), why %q, output %q", e.Line, e.Why, e.Output)
 	}
 }
+
+// TestAtEndChecksWhatThePageStarted: AtEnd runs while the page's
+// background processes still run, and its error fails the page.
+func TestAtEndChecksWhatThePageStarted(t *testing.T) {
+	blocks := page(t, "# A page\n\n"+fence+"sh\nsleep 30 &\necho $! > pid\n"+fence+"\n")
+	r := &doctest.Runner{Dir: t.TempDir()}
+	r.AtEnd = func(context.Context) error {
+		data, err := os.ReadFile(filepath.Join(r.Dir, "pid"))
+		if err != nil {
+			return err
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Errorf("the background process is gone before AtEnd: %v", err)
+		}
+		return errors.New("the server does not answer")
+	}
+	_, err := run(t, blocks, r)
+	var e *doctest.Error
+	if !errors.As(err, &e) || !strings.Contains(e.Why, "the server does not answer") {
+		t.Fatalf("want AtEnd's error, got %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -212,24 +213,52 @@ func startFleet(t *testing.T, f fleetEnv) {
 // waitForWorker waits until the dispatcher's API lists a live worker of pool.
 func waitForWorker(t *testing.T, f fleetEnv, pool string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	if err := liveWorker(context.Background(), f, pool, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// workersLive is an AtEnd of a page that starts a fleet: the dispatcher's
+// API lists a live worker of each pool.
+func workersLive(f fleetEnv, pools ...string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for _, p := range pools {
+			if err := liveWorker(ctx, f, p, 30*time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// liveWorker waits until the dispatcher's API lists a live worker of pool.
+func liveWorker(ctx context.Context, f fleetEnv, pool string, within time.Duration) error {
+	deadline := time.Now().Add(within)
 	var last string
 	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + f.httpAddr + "/v1/workers?pool=" + pool)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.httpAddr+"/v1/workers?pool="+pool, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			last = string(body)
 			var workers []json.RawMessage
 			if resp.StatusCode == http.StatusOK && json.Unmarshal(body, &workers) == nil && len(workers) > 0 {
-				return
+				return nil
 			}
 		} else {
 			last = err.Error()
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	t.Fatalf("no live worker of pool %s within a minute: %s", pool, last)
+	return fmt.Errorf("no live worker of pool %s within %s (the dispatcher's API at %s): %s", pool, within, f.httpAddr, last)
 }
 
 // TestTheREADMERunsAsWritten runs the README's tour: a dispatcher that
@@ -251,6 +280,8 @@ func TestTheREADMERunsAsWritten(t *testing.T) {
 		r.PATH = append(r.PATH, filepath.Dir(env.Kubectl))
 		r.Env = append(r.Env, "KUBECONFIG="+env.KubeconfigPath)
 	}
+	// The tour's fleet is up: the dispatcher answers, its worker is live.
+	r.AtEnd = workersLive(f, "default")
 	runPage(t, "README.md", r)
 }
 
@@ -301,5 +332,8 @@ func TestDeployNATSRunsAsWritten(t *testing.T) {
 		t.Fatalf("build nk: %v\n%s", err, out)
 	}
 	r.PATH = append(r.PATH, tools)
+	// The dispatcher the page started with the file answers, and the
+	// workers of both pools, with their keys, are live.
+	r.AtEnd = workersLive(f, "default", "gpu")
 	runPage(t, "deploy/nats/README.md", r)
 }
