@@ -495,15 +495,47 @@ func stopGroup(pgid int) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if syscall.Kill(-pgid, 0) != nil {
+		if !groupAlive(pgid) {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	for i := 0; i < 100 && syscall.Kill(-pgid, 0) == nil; i++ {
+	for i := 0; i < 100 && groupAlive(pgid); i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// groupAlive reports whether a process of the group pgid still runs. An
+// orphan that has exited stays a zombie until whoever adopted it reaps it
+// (seconds, for some init processes): it does not count.
+func groupAlive(pgid int) bool {
+	if syscall.Kill(-pgid, 0) != nil {
+		return false
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", p.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(data[i+1:]))
+		if len(f) >= 3 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+			return true
+		}
+	}
+	return false
 }
 
 func readLog(dir string, line int) string {

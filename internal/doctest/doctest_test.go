@@ -101,10 +101,25 @@ echo "in $PWD with $(command -v fake-tool)"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if syscall.Kill(pid, 0) == nil {
+	if running(pid) {
 		t.Errorf("the page's background process %d still runs after the page ended", pid)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+}
+
+// running reports whether process pid runs: it exists and is not a zombie
+// left for its adopter to reap.
+func running(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	f := strings.Fields(string(data[i+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // TestAFailingBlockFailsThePage: the page fails at the first command that
@@ -251,8 +266,8 @@ func TestAtEndChecksWhatThePageStarted(t *testing.T) {
 			return err
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err := syscall.Kill(pid, 0); err != nil {
-			t.Errorf("the background process is gone before AtEnd: %v", err)
+		if !running(pid) {
+			t.Errorf("the background process %d is gone before AtEnd", pid)
 		}
 		return errors.New("the server does not answer")
 	}
