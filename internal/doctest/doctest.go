@@ -166,7 +166,7 @@ type Error struct {
 func (e *Error) Error() string {
 	var b strings.Builder
 	if e.Block.Line == 0 {
-		fmt.Fprintf(&b, "%s: %s, outside any sh block\n", e.Page, e.Why)
+		fmt.Fprintf(&b, "%s: %s\n", e.Page, e.Why)
 	} else {
 		fmt.Fprintf(&b, "%s:%d: %s (the sh block at line %d)\n", e.Page, e.Line, e.Why, e.Block.Line)
 		fmt.Fprintf(&b, "--- the block:\n%s\n", e.Block.Text)
@@ -369,6 +369,9 @@ loop:
 		e.Why = "bash: " + waitErr.Error()
 	default:
 		e.Why = "bash ended before the page's last block"
+	}
+	if current < 0 || len(ran) > current {
+		e.Why += ", outside any sh block"
 	}
 	data, _ := os.ReadFile(statusPath)
 	failLine := 0
