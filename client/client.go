@@ -268,9 +268,10 @@ func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 }
 
 // Result waits for a job's result: it listens for the job's final record
-// as it is stored, and asks for the job's status now and then (backing off
-// to every two seconds), so that it rides through the loss of a NATS
-// server: a result stored while the client reconnects is read then.
+// and for its rejection as they are stored (kinds r and x), and asks for
+// the job's status now and then (backing off to every two seconds), so
+// that it rides through the loss of a NATS server: a result stored while
+// the client reconnects is read then.
 //
 // A job whose latest version is a rejection has no result: Result returns
 // a *RejectedError with its reason, as Events ends at it. A rejection that
@@ -282,11 +283,13 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 	}
 	// Listen before the first read, so that no result falls in between.
 	published := make(chan *nats.Msg, 4)
-	sub, err := c.nc.ChanSubscribe(c.names.JobLive(c.tenant, "*", queue.KindResult, id), published)
-	if err != nil {
-		return nil, fmt.Errorf("await result of %s: %w", id, err)
+	for _, kind := range []string{queue.KindResult, queue.KindRejected} {
+		sub, err := c.nc.ChanSubscribe(c.names.JobLive(c.tenant, "*", kind, id), published)
+		if err != nil {
+			return nil, fmt.Errorf("await result of %s: %w", id, err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
 	}
-	defer func() { _ = sub.Unsubscribe() }()
 	wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
 	pool := "" // the pool that holds the job, as the dispatcher found it
 	for {
@@ -316,8 +319,12 @@ func (c *Client) Result(ctx context.Context, id string) (*job.Result, error) {
 			// worker of another pool may publish on its own pool's
 			// subjects); else the status, which the dispatcher answers
 			// from the pool that queued the job, is asked again at once.
-			if rec, ok := c.liveRecord(m, pool, id); ok && rec.Result != nil {
+			rec, ok := c.liveRecord(m, pool, id)
+			switch {
+			case ok && rec.Result != nil:
 				return rec.Result, nil
+			case ok && rec.State == job.StateRejected:
+				return nil, &RejectedError{JobID: id, Reason: rejection(rec)}
 			}
 			wait.Reset()
 		case <-time.After(next):

@@ -304,8 +304,11 @@ type TenantShare struct {
 	// and in all.
 	Queued      int64            `json:"queued"`
 	QueuedByPri map[string]int64 `json:"queued_by_priority,omitempty"`
-	// Delivered counts its jobs handed to workers and not finished: those
-	// that run, and those waiting for a retry or their not_before.
+	// Delivered counts its jobs handed to workers and not finished (its
+	// queues' acknowledgements pending): those that run or are about to,
+	// and those a worker handed back to take again after a wait: for a
+	// retry or their not_before, while the pool is paused, or while no
+	// live worker fits them.
 	Delivered int64 `json:"delivered"`
 	// Running and the resources are what its attempts hold now, across the
 	// pool's workers (from their capacity; 0 without Redis).
@@ -334,8 +337,9 @@ func (p *PoolPolicy) IsZero() bool {
 	return p == nil || (len(p.Weights) == 0 && len(p.Quotas) == 0 && p.MaxRunning == 0 && p.HalfLife == nil)
 }
 
-// String writes p as fleetctl pool show does: "weights a=1 b=3; quotas
-// c=slots=2; max_running 10; half_life 10m0s", "shared equally" when zero.
+// String writes p for people, as the console shows it: "weights a=1 b=3;
+// quotas c=slots=2; max_running 10; half_life 10m0s", "shared equally" when
+// zero. (fleetctl pool show writes it as pool set's flags.)
 func (p *PoolPolicy) String() string {
 	if p.IsZero() {
 		return "shared equally"

@@ -27,6 +27,8 @@ func init() {
 		help: "Push jobs through the whole fleet and measure it: submit on the subject ->\n" +
 			"dispatcher -> JetStream -> worker -> result. Prints jobs/s, submit-to-start and\n" +
 			"submit-to-result latencies, and the CPU time of the given processes per job.",
+		example: "fleetctl bench --jobs 1000\n" +
+			"fleetctl bench --jobs 20000 --rate 2000 --tenants 4 -o json",
 		flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&o.jobs, "jobs", 10000, "jobs to submit")
 			fs.IntVar(&o.rate, "rate", 0, "jobs per second to offer (0: as fast as possible)")

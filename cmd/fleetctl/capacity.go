@@ -23,6 +23,8 @@ func init() {
 			name: "capacity", args: "[--pool P]",
 			help: "Show each pool's slots, CPU, memory and GPUs, summed over its live workers\n" +
 				"(-o json: an array of pool documents with the heartbeat's field names).",
+			example: "fleetctl capacity\n" +
+				"fleetctl capacity --pool gpu -o json",
 			flags: poolFlag,
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				var o monitor.Overview
@@ -49,7 +51,9 @@ func init() {
 		},
 		&command{
 			name: "workers", args: "[--pool P]",
-			help:  "List the live workers (-o json: an array of their capacity heartbeats).",
+			help: "List the live workers (-o json: an array of their capacity heartbeats).",
+			example: "fleetctl workers --pool default\n" +
+				"fleetctl --http-addr dispatcher:8080 --api-token-file api.token workers -o json",
 			flags: poolFlag,
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				var hbs []*job.Heartbeat

@@ -14,6 +14,9 @@ func init() {
 		help: "The dead-letter stream: jobs that ended failed or timed out.\n" +
 			"  dlq list       lists them (-o json: their documents)\n" +
 			"  dlq retry ID   submits the request of job ID again, as job ID-retry-N",
+		example: "fleetctl dlq list --pool default\n" +
+			"fleetctl dlq retry tour-1          # prints the new job's id, tour-1-retry-1",
+		verbs: []string{"list", "retry"},
 		flags: func(fs *flag.FlagSet) { fs.StringVar(&pool, "pool", "", "only this pool") },
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			if len(args) == 0 {

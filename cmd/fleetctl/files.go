@@ -29,6 +29,8 @@ func init() {
 			name: "upload", args: "FILE [--name N]",
 			help: "Upload a file to the fleet's object store (- reads standard input, with --name).\n" +
 				"Prints the reference to put in a request's input_refs: {\"key\": …, \"sha256\": …, \"size\": …}.",
+			example: "fleetctl upload data.csv\n" +
+				"tar c src | fleetctl upload - --name src.tar",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&name, "name", "", "the object's key (default: a new id and the file's name)")
 			},
@@ -43,6 +45,8 @@ func init() {
 			name: "output", args: "ID NAME [-o FILE]", fileOutput: true,
 			help: "Write a declared output of a finished job to standard output, or to FILE (-o).\n" +
 				"The bytes are checked against the result's SHA-256; FILE appears only once they are.",
+			example: "fleetctl output tour-1 report\n" +
+				"fleetctl output tour-1 model -o model.bin",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&outFile, "o", "", "write to this file instead of standard output")
 			},
@@ -58,6 +62,9 @@ func init() {
 			help: "Print a job's archived log: every line its latest attempt (or attempt N) printed, in order.\n" +
 				"--follow prints a running job's lines as they are stored, through its later attempts, until it ends.\n" +
 				"--timestamps prints each line with its time and stream; -o json, one object per line.",
+			example: "fleetctl logs tour-1\n" +
+				"fleetctl logs tour-1 --attempt 1\n" +
+				"fleetctl logs tour-1 --follow --timestamps",
 			flags: func(fs *flag.FlagSet) {
 				fs.IntVar(&attempt, "attempt", 0, "the attempt, from 1 (default: the latest)")
 				fs.BoolVar(&follow, "follow", false, "keep printing while the job runs")

@@ -28,6 +28,10 @@ func init() {
 				"Prints the job id. With --wait, follows the job and exits 0 only if it succeeds;\n" +
 				"with --wait -o json, prints the result document. Each --input NAME=@FILE uploads\n" +
 				"FILE to the fleet's object store first and adds it to the request's input_refs as NAME.",
+			example: "fleetctl submit -f job.json                                   # prints the job id\n" +
+				"echo '{\"command\": [\"sh\", \"-c\", \"echo hi\"]}' | fleetctl submit -f - --wait\n" +
+				"fleetctl submit -f job.json --input data=@data.csv --wait -o json\n" +
+				"fleetctl --tenant acme --nats-nkey acme.nk submit -f job.json      # global flags before or after the command",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&file, "f", "", "request file, or - for standard input")
 				fs.BoolVar(&wait, "wait", false, "follow the job until it ends")
@@ -40,6 +44,8 @@ func init() {
 		&command{
 			name: "status", args: "ID [ID...]",
 			help: "Show a job's state, and its result once it has one (several ids: a table).",
+			example: "fleetctl status tour-1\n" +
+				"fleetctl status tour-1 tour-2 tour-3 -o json",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				switch len(args) {
 				case 0:
@@ -53,6 +59,8 @@ func init() {
 		&command{
 			name: "watch", args: "ID",
 			help: "Follow a job's lifecycle events until it ends (-o json: one event per line).",
+			example: "fleetctl watch tour-1\n" +
+				"fleetctl watch tour-1 -o json | jq -r .type",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				id, err := oneID(args)
 				if err != nil {
@@ -71,7 +79,8 @@ func init() {
 		},
 		&command{
 			name: "cancel", args: "ID",
-			help: "Cancel a job: a queued job never starts, a running one is stopped.",
+			help:    "Cancel a job: a queued job never starts, a running one is stopped.",
+			example: "fleetctl cancel tour-1",
 			run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 				id, err := oneID(args)
 				if err != nil {
@@ -129,16 +138,21 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		if e.json() && !wait {
 			_ = writeJSON(e.stdout, map[string]string{"job_id": rej.JobID, "state": "rejected", "error": rej.Reason})
 		}
-		return exit(exitUsage, "request rejected: %s", rej.Reason)
+		return exit(exitUsage, "request rejected: %s%s", rej.Reason, workersHint(rej.Reason, data))
 	}
 	if err != nil {
 		return err
 	}
 	if sub.Warning != "" {
-		fmt.Fprintln(e.stderr, "warning:", sub.Warning)
+		fmt.Fprintf(e.stderr, "warning: %s%s\n", sub.Warning, workersHint(sub.Warning, data))
 	}
-	if sub.Duplicate {
-		fmt.Fprintf(e.stderr, "job %s already exists (%s); not submitted again\n", sub.JobID, sub.State)
+	switch {
+	case sub.Duplicate && wait:
+		fmt.Fprintf(e.stderr, "job %s already exists (%s): not submitted again; following it\n", sub.JobID, sub.State)
+	case sub.Duplicate:
+		fmt.Fprintf(e.stderr, "job %s already exists (%s): not submitted again\n", sub.JobID, sub.State)
+	case wait && !e.json():
+		fmt.Fprintf(e.stdout, "job %s submitted\n", sub.JobID)
 	}
 	if !wait {
 		if e.json() {
@@ -146,9 +160,6 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		}
 		fmt.Fprintln(e.stdout, sub.JobID)
 		return nil
-	}
-	if !e.json() {
-		fmt.Fprintf(e.stdout, "job %s submitted\n", sub.JobID)
 	}
 	// In JSON mode the events go nowhere: stdout is for the result alone.
 	events := e.stdout
@@ -160,7 +171,7 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		return err
 	}
 	if final.Type == job.EventRejected {
-		return exit(exitUsage, "rejected: %s", final.Message)
+		return exit(exitUsage, "rejected: %s%s", final.Message, workersHint(final.Message, data))
 	}
 	res, err := c.Result(ctx, sub.JobID)
 	if err != nil {
@@ -174,6 +185,24 @@ func submit(ctx context.Context, e *env, file string, wait bool, inputs inputFil
 		printResult(e.stdout, res)
 	}
 	return finalExit(final)
+}
+
+// workersHint is what to add to an admission's refusal or warning that no
+// live worker of the request's pool could run it: how to see that pool's
+// workers.
+func workersHint(reason string, request []byte) string {
+	if !strings.Contains(reason, "has no live worker") && !strings.Contains(reason, "no worker of pool") {
+		return ""
+	}
+	var r struct {
+		Pool string `json:"pool"`
+	}
+	_ = json.Unmarshal(request, &r)
+	pool := r.Pool
+	if pool == "" {
+		pool = job.DefaultPool
+	}
+	return fmt.Sprintf(" (list the pool's live workers, and what each has, with: fleetctl workers --pool %s)", pool)
 }
 
 // watch prints a job's events until its final one, and returns that one.

@@ -1,5 +1,6 @@
 // Command fleetctl submits jobs to a fleet, follows them and cancels them.
 //
+//	fleetctl [global flags] COMMAND [flags] [args]
 //	fleetctl submit -f job.json [--input NAME=@FILE] [--wait] [-o json]
 //	fleetctl status ID | watch ID | cancel ID
 //	fleetctl upload FILE [--name N] | output ID NAME [-o FILE] | logs ID [--attempt N] [--follow]
@@ -54,6 +55,11 @@ type command struct {
 	name, args, help string
 	run              func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	flags            func(fs *flag.FlagSet)
+	// example shows the command at work, a line or two per use (each verb
+	// of a command that has verbs), as its -h prints them.
+	example string
+	// verbs are the command's own subcommands (pool show, pool set …).
+	verbs []string
 	// fileOutput: the command's -o names a file, not the output format.
 	fileOutput bool
 }
@@ -66,41 +72,54 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stderr)
-		if len(args) == 0 {
-			return exitUsage
+	lead, name, rest, help, err := splitCommand(args)
+	if err != nil {
+		fmt.Fprintln(stderr, "fleetctl:", err)
+		return exitUsage
+	}
+	if name == "help" && len(rest) > 0 && rest[0] != "help" {
+		// fleetctl help COMMAND, as git and kubectl take it.
+		name, rest, help = rest[0], nil, true
+	}
+	if name == "" || name == "help" {
+		if name == "" && !help && len(args) > 0 {
+			fmt.Fprintln(stderr, "fleetctl: no command given")
 		}
-		return exitOK
+		usage(stderr)
+		if help || name == "help" {
+			return exitOK
+		}
+		return exitUsage
 	}
 	var cmd *command
 	for _, c := range commands {
-		if c.name == args[0] {
+		if c.name == name {
 			cmd = c
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(stderr, "fleetctl: unknown command %q\n", args[0])
+		fmt.Fprintf(stderr, "fleetctl: unknown command %q\n", name)
 		usage(stderr)
 		return exitUsage
 	}
 	e := &env{stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("fleetctl "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	e.nats.Register(fs)
-	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
-	fs.StringVar(&e.tenant, "tenant", job.DefaultTenant, "the tenant to act as: on an authenticated fleet, the one the NATS user may act as")
-	e.output = "text"
-	if !cmd.fileOutput {
-		fs.StringVar(&e.output, "o", "text", "output format: text or json")
-	}
-	fs.StringVar(&e.httpAddr, "http-addr", "127.0.0.1:8080", "the dispatcher's HTTP API (capacity and workers)")
-	fs.StringVar(&e.tokenFile, "api-token-file", "", "file holding a bearer token for the HTTP API (or set FLEET_API_TOKEN)")
+	e.globalFlags(fs, cmd.fileOutput)
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
-	fs.Usage = cli.Usage(fs, fmt.Sprintf("usage: fleetctl %s %s\n\n%s", cmd.name, cmd.args, cmd.help))
-	if err := cli.Parse(fs, interleave(fs, args[1:])); err != nil {
+	synopsis := fmt.Sprintf("usage: fleetctl [global flags] %s %s\n\n%s", cmd.name, cmd.args, cmd.help)
+	if cmd.example != "" {
+		synopsis += "\n\nExamples:\n" + indent(cmd.example)
+		synopsis = strings.TrimRight(synopsis, "\n")
+	}
+	fs.Usage = cli.Usage(fs, synopsis)
+	cmdArgs := append(lead, rest...)
+	if help {
+		cmdArgs = append(cmdArgs, "-h")
+	}
+	if err := cli.Parse(fs, interleave(fs, cmdArgs)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
@@ -122,7 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, _, stop := cli.SignalContext()
 	defer stop()
 	defer e.close()
-	err := cmd.run(ctx, e, fs, fs.Args())
+	err = cmd.run(ctx, e, fs, fs.Args())
 	if err == nil {
 		return exitOK
 	}
@@ -141,18 +160,103 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: fleetctl COMMAND [flags] [args]\n\nCommands:")
+	fmt.Fprintln(w, "usage: fleetctl [global flags] COMMAND [flags] [args]\n\nCommands:")
 	sorted := append([]*command(nil), commands...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].name < sorted[j].name })
 	for _, c := range sorted {
 		fmt.Fprintf(w, "  %-9s %-22s %s\n", c.name, c.args, firstLine(c.help))
 	}
-	fmt.Fprintln(w, "\nRun 'fleetctl COMMAND -h' for a command's flags. Every flag also reads FLEET_<FLAG>.")
+	var globals []string
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	(&env{}).globalFlags(fs, false)
+	fs.VisitAll(func(f *flag.Flag) {
+		if len(f.Name) == 1 {
+			globals = append(globals, "-"+f.Name)
+		} else {
+			globals = append(globals, "--"+f.Name)
+		}
+	})
+	fmt.Fprintf(w, "\nGlobal flags, before or after the command:\n%s\n", wrap(strings.Join(globals, " "), 76, "  "))
+	fmt.Fprintln(w, "\nRun 'fleetctl COMMAND -h' or 'fleetctl help COMMAND' for a command's flags and examples.\n"+
+		"Every flag also reads FLEET_<FLAG>.")
+}
+
+// wrap breaks s into lines of at most width characters, each after prefix.
+func wrap(s string, width int, prefix string) string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(word) > width {
+			lines = append(lines, prefix+line)
+			line = ""
+		}
+		line = strings.TrimPrefix(line+" "+word, " ")
+	}
+	if line != "" {
+		lines = append(lines, prefix+line)
+	}
+	return strings.Join(lines, "\n")
 }
 
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// globalFlags adds the flags every command takes, before or after its name.
+// fileOutput: the command's -o names a file, and is its own flag.
+func (e *env) globalFlags(fs *flag.FlagSet, fileOutput bool) {
+	e.nats.Register(fs)
+	fs.StringVar(&e.prefix, "subject-prefix", queue.DefaultPrefix, "prefix of the fleet's subjects")
+	fs.StringVar(&e.tenant, "tenant", job.DefaultTenant, "the tenant to act as, named in the subjects of its requests (fleet.t.<tenant>.…): on an open fleet any; on an authenticated fleet, the one the NATS user may act as")
+	e.output = "text"
+	if !fileOutput {
+		fs.StringVar(&e.output, "o", "text", "output format: text or json")
+	}
+	fs.StringVar(&e.httpAddr, "http-addr", "127.0.0.1:8080", "the dispatcher's HTTP API (capacity and workers)")
+	fs.StringVar(&e.tokenFile, "api-token-file", "", "file holding a bearer token for the HTTP API (or set FLEET_API_TOKEN)")
+}
+
+// splitCommand finds the command's name in args. The global flags may come
+// before it, as the nats CLI, kubectl, docker and git take them
+// ("fleetctl --tenant acme submit -f job.json"); lead are those flags, with
+// their values, and rest is what follows the name. help is set when -h or
+// --help came before the name. A flag before the name that is not a global
+// one is an error: whether it takes a value depends on the command.
+func splitCommand(args []string) (lead []string, name string, rest []string, help bool, err error) {
+	globals := flag.NewFlagSet("", flag.ContinueOnError)
+	(&env{}).globalFlags(globals, false)
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			if i+1 < len(args) {
+				return lead, args[i+1], args[i+2:], help, nil
+			}
+			break
+		}
+		if a == "-" || !strings.HasPrefix(a, "-") {
+			return lead, a, args[i+1:], help, nil
+		}
+		flagName, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if flagName == "h" || flagName == "help" {
+			help = true
+			continue
+		}
+		f := globals.Lookup(flagName)
+		if f == nil {
+			return nil, "", nil, false, fmt.Errorf("%s before the command is not a global flag: give a command's own flags after its name (fleetctl COMMAND %s …)", a, a)
+		}
+		lead = append(lead, a)
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); hasValue || ok && bf.IsBoolFlag() {
+			continue
+		}
+		if i+1 == len(args) {
+			return nil, "", nil, false, fmt.Errorf("flag needs an argument: %s", a)
+		}
+		lead = append(lead, args[i+1])
+		i++
+	}
+	return lead, "", nil, help, nil
 }
 
 // interleave lets flags follow positional arguments ("status ID -o json"),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -23,15 +25,26 @@ func init() {
 	commands = append(commands, &command{
 		name: "pool", args: "show POOL | pause POOL [--reason R] | resume POOL | set POOL [--weight T=W] [--quota T=Q] [--max-running N] [--half-life D]",
 		help: "What operators set about a pool, and how its tenants fare.\n" +
-			"  pool show POOL     whether it is paused, its sharing policy, and per tenant\n" +
-			"                     what is queued (by priority), runs, its share and usage\n" +
+			"  pool show POOL     whether it is paused, its sharing policy (as pool set's flags,\n" +
+			"                     to paste after pool set POOL), and per tenant what is queued\n" +
+			"                     (by priority), delivered, runs, its share and usage\n" +
 			"  pool pause POOL    its workers start no attempt until it is resumed; jobs\n" +
 			"                     submitted meanwhile wait, running attempts go on\n" +
 			"  pool resume POOL   its waiting jobs start as slots allow\n" +
 			"  pool set POOL      how it is shared between tenants: --weight TENANT=W (0\n" +
 			"                     removes it), --quota TENANT=SLOTS or TENANT=cpu=4,memory=8Gi,gpu=2\n" +
 			"                     (none removes it), --max-running N (0: no bound),\n" +
-			"                     --half-life D (how fast past usage is forgotten)",
+			"                     --half-life D (how fast past usage is forgotten)\n" +
+			"pool show's columns: QUEUED, the tenant's jobs no worker has taken yet; DELIVERED,\n" +
+			"those a worker has taken and not finished: running, about to start, or handed back\n" +
+			"to be taken again after a wait (a retry's delay, a not_before, a paused pool, no live\n" +
+			"worker that fits them); RUNNING, its attempts that run (from Redis, 0 without it).",
+		example: "fleetctl pool show gpu\n" +
+			"fleetctl pool pause gpu --reason 'driver upgrade'\n" +
+			"fleetctl pool resume gpu\n" +
+			"fleetctl pool set gpu --weight acme=3 --quota beta=2 --max-running 40\n" +
+			"fleetctl pool set gpu --quota acme=cpu=16,memory=64Gi,gpu=2 --half-life 30m",
+		verbs: []string{"show", "pause", "resume", "set"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&reason, "reason", "", "why the pool is paused (shown by pool show)")
 			fs.Var(&weights, "weight", "TENANT=W: the tenant's weight in the pool's fair share (pool set; repeatable)")
@@ -132,6 +145,38 @@ func policyChange(weights, quotas tenantValues, maxRunning int, halfLife time.Du
 	return c, c.Validate()
 }
 
+// policyFlags writes a policy as pool set's flags, so that what pool show
+// prints can be pasted after "fleetctl pool set POOL"; "equal" when it
+// sets nothing.
+func policyFlags(p *job.PoolPolicy) string {
+	if p.IsZero() {
+		return "equal (no weight, quota or bound set)"
+	}
+	var flags []string
+	for _, t := range slices.Sorted(maps.Keys(p.Weights)) {
+		flags = append(flags, "--weight "+t+"="+strconv.FormatFloat(p.Weights[t], 'g', -1, 64))
+	}
+	for _, t := range slices.Sorted(maps.Keys(p.Quotas)) {
+		flags = append(flags, "--quota "+t+"="+quotaFlag(p.Quotas[t]))
+	}
+	if p.MaxRunning > 0 {
+		flags = append(flags, "--max-running "+strconv.Itoa(p.MaxRunning))
+	}
+	if p.HalfLife != nil {
+		flags = append(flags, "--half-life "+p.HalfLife.Std().String())
+	}
+	return strings.Join(flags, " ")
+}
+
+// quotaFlag writes a quota as --quota takes it: a bound on slots alone as
+// its number ("2"), any other as its parts ("cpu=4,memory=8Gi").
+func quotaFlag(q job.Quota) string {
+	if q.Slots > 0 && (q == job.Quota{Slots: q.Slots}) {
+		return strconv.Itoa(q.Slots)
+	}
+	return q.String()
+}
+
 // writePool writes a pool's state for people.
 func writePool(e *env, s *job.PoolState) {
 	if !s.Paused {
@@ -145,7 +190,7 @@ func writePool(e *env, s *job.PoolState) {
 	if s.Slots > 0 {
 		fmt.Fprintf(e.stdout, ", %d slots", s.Slots)
 	}
-	fmt.Fprintf(e.stdout, "\nsharing: %s\n", s.Policy.String())
+	fmt.Fprintf(e.stdout, "\nsharing: %s\n", policyFlags(s.Policy))
 	if len(s.Tenants) == 0 {
 		return
 	}
@@ -154,7 +199,7 @@ func writePool(e *env, s *job.PoolState) {
 	for _, t := range s.Tenants {
 		quota := "-"
 		if t.Quota != nil {
-			quota = t.Quota.String()
+			quota = quotaFlag(*t.Quota)
 		}
 		var by []string
 		for p := job.HighestPriority; p <= job.LowestPriority; p++ {

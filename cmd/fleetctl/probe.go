@@ -12,6 +12,7 @@ func init() {
 		name: "probe", args: "URL",
 		help: "Exit 0 if URL answers 2xx within 3 seconds: a health check for images\n" +
 			"that have no shell or HTTP client (docker compose healthcheck).",
+		example: "fleetctl probe http://127.0.0.1:9090/readyz",
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			if len(args) != 1 {
 				return exit(exitUsage, "probe needs one URL")

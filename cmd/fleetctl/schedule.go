@@ -40,6 +40,15 @@ func init() {
 			"  schedule list | delete NAME\n" +
 			"cron: 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first,\n" +
 			"or @hourly, @daily, @weekly, @monthly, @yearly; every: a whole number of seconds, at least 1s.",
+		example: "fleetctl schedule create nightly --template report.json --cron '0 2 * * *' --zone Europe/Paris\n" +
+			"fleetctl schedule create tick -f schedule.json     # {\"cron\": …, \"template\": {the request}, …}\n" +
+			"fleetctl schedule update nightly --cron '30 2 * * *'\n" +
+			"fleetctl schedule pause nightly\n" +
+			"fleetctl schedule resume nightly\n" +
+			"fleetctl schedule show nightly\n" +
+			"fleetctl schedule list -o json\n" +
+			"fleetctl schedule delete nightly",
+		verbs: []string{"create", "update", "delete", "pause", "resume", "show", "list"},
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&sf.file, "f", "", "the schedule as a JSON document (- for standard input)")
 			fs.StringVar(&sf.template, "template", "", "the request each firing submits, a JSON file (- for standard input)")
@@ -76,9 +85,9 @@ func init() {
 				return err
 			}
 			var info *client.ScheduleInfo
+			var doc []byte
 			switch verb {
 			case "create":
-				var doc []byte
 				if doc, err = sf.document(name, set, nil); err != nil {
 					return err
 				}
@@ -93,7 +102,6 @@ func init() {
 						return err
 					}
 				}
-				var doc []byte
 				if doc, err = sf.document(name, set, cur); err != nil {
 					return err
 				}
@@ -111,6 +119,14 @@ func init() {
 			}
 			var rej *client.RejectedError
 			if errors.As(err, &rej) {
+				if sf.file != "" && looksLikeRequest(doc) {
+					what := sf.file
+					if what == "-" {
+						what = "standard input"
+					}
+					return exit(exitUsage, "%s: %s holds a job request, not a schedule: give a request with --template %s and --cron or --every "+
+						"(-f takes a whole schedule, with the request as its \"template\")", rej.Reason, what, sf.file)
+				}
 				return exit(exitUsage, "%s", rej.Reason)
 			}
 			if err != nil {
@@ -191,6 +207,19 @@ func (sf *scheduleFlags) document(name string, set map[string]bool, cur *client.
 		doc["paused"] = sf.paused
 	}
 	return json.Marshal(doc)
+}
+
+// looksLikeRequest reports whether a document given as a schedule is a job
+// request instead: it has a command or an image, and no template.
+func looksLikeRequest(doc []byte) bool {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(doc, &top) != nil {
+		return false
+	}
+	_, command := top["command"]
+	_, image := top["image"]
+	_, template := top["template"]
+	return (command || image) && !template
 }
 
 func readFile(name string) ([]byte, error) {

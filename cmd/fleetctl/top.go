@@ -23,6 +23,8 @@ func init() {
 		name: "top", args: "[--pool P] [--sort cpu|memory|age]",
 		help: "List the running attempts with what each uses now (CPU, memory, network and block I/O, processes),\n" +
 			"from the workers' heartbeats (-o json: an array of attempts with their worker and usage).",
+		example: "fleetctl top\n" +
+			"fleetctl top --pool gpu --sort memory",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&pool, "pool", "", "only this pool")
 			fs.StringVar(&sortBy, "sort", "cpu", "order: cpu, memory or age")

@@ -383,9 +383,14 @@ func (d *Dispatcher) JetStream() jetstream.JetStream { return d.js }
 func (d *Dispatcher) Store() *queue.Store { return d.store }
 
 // consume processes a stream of stored submissions, many at once, until
-// ctx ends. A read that fails is tried again after a backoff.
+// ctx ends. A read that fails is tried again after a short backoff: the
+// iterator pulls again by itself (a pull whose heartbeats stop, while the
+// intake's consumer elects a leader, ends as an error here every second),
+// so a longer one only holds back what it brings once the consumer is
+// back. Up to 5 s, as it was, held every submission stored during an
+// election 2.8 s beyond the elections (TestFailoverCostsOnlyTheElections).
 func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesContext) error {
-	wait := lifecycle.Backoff(ctx, 50*time.Millisecond, 5*time.Second)
+	wait := lifecycle.Backoff(ctx, 50*time.Millisecond, 250*time.Millisecond)
 	for {
 		msg, err := intake.Next()
 		if err != nil {

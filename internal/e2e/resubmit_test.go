@@ -59,9 +59,10 @@ func startListedWorker(t *testing.T, f *fleettest.Fleet, caps *capacity.Store, i
 // exit code, stdout and stderr.
 func fleetctl(t *testing.T, f *fleettest.Fleet, stdin []byte, args ...string) (int, string, string) {
 	t.Helper()
+	bin := fleettest.Binary(t, "fleetctl") // built before the clock starts: a cold build takes most of a minute
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, fleettest.Binary(t, "fleetctl"), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "FLEET_NATS_URL="+f.NATS.URL())
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer

@@ -29,7 +29,7 @@ func TestSharingThroughALeaderFailover(t *testing.T) {
 	// this machine's cluster takes 2 to 8 s alone and more beside other
 	// suites, and the bound is two beats.
 	const heartbeat = 10 * time.Second
-	c, env := clusterWithDispatchers(t)
+	c, env := fleettest.ClusterFleet(t)
 	for i := range 2 {
 		fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w-shared-%d", i), "--pool", "shared", "--slots", "2",
 			"--heartbeat-interval", heartbeat.String()).

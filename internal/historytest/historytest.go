@@ -3,8 +3,9 @@
 // version of every job's record from a pool's stream, as stored, and fails
 // on a second final version, a version after the final one, a running
 // version written against a final one, an attempt number that goes back,
-// a version written without a compare-and-set on the one before it, a job
-// without a final version, or a result heard twice by a subscriber.
+// a version written without a compare-and-set on the one before it, a
+// version of kind x (a rejection's) that is not a rejection, a job without
+// a final version, or a result heard twice by a subscriber.
 //
 // Every test that kills a process or a server while jobs run calls Require
 // (or Check, on histories of its own making) at its end: no test allows any
@@ -32,7 +33,7 @@ import (
 // Version is one stored version of a job's record.
 type Version struct {
 	Seq  uint64 // its stream sequence: its revision
-	Kind string // q1 … q5, s or r, from its subject
+	Kind string // q1 … q5, s, r or x, from its subject
 	// Expected is the revision its compare-and-set named
 	// (Nats-Expected-Last-Subject-Sequence); CAS says whether it had one.
 	Expected uint64
@@ -58,7 +59,8 @@ func (v Violation) String() string { return v.Job + ": " + v.What }
 
 // Check returns what is wrong with one job's versions, oldest first. A
 // job's first version queues it (or rejects it, and a later submission may
-// queue it over the rejection); each later one is written with a
+// queue it over the rejection; a version of kind x is a rejection, and
+// nothing else is); each later one is written with a
 // compare-and-set on the one before it; the first final version is its
 // last; an attempt number never goes back, but for a delivery handed back
 // before its attempt counted (a requeue gives back exactly that attempt).
@@ -90,6 +92,9 @@ func Check(name string, vs []Version) []Violation {
 					bad("its attempt number goes back from %d to %d at version %s", prev.Rec.Attempt, v.Rec.Attempt, v)
 				}
 			}
+		}
+		if v.Kind == queue.KindRejected && v.Rec.State != job.StateRejected {
+			bad("version %s is of kind %s, which only rejections are", v, queue.KindRejected)
 		}
 		if finalAt >= 0 {
 			f := vs[finalAt]
@@ -216,7 +221,9 @@ func hasFinal(vs []Version) bool {
 }
 
 // Ear hears the final versions of a tenant's jobs of a pool as a
-// subscriber does, on fleet.t.<tenant>.job.<pool>.r.>, and counts them by
+// subscriber does, on fleet.t.<tenant>.job.<pool>.r.> (the results; the
+// rejections, on kind x, are not results, and a later submission of the
+// id may replace them), and counts them by
 // job id and by the stream sequence each copy carries (Nats-Sequence):
 // two sequences for one job are two results; one sequence heard twice is
 // one result, republished again by a stream's new leader (see Repeats).

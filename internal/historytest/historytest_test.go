@@ -43,6 +43,8 @@ func history(vs ...v) []Version {
 		case kind != "":
 		case x.state.Final():
 			kind = queue.KindResult
+		case x.state == job.StateRejected:
+			kind = queue.KindRejected
 		case x.state == job.StateQueued && i == 0, x.state == job.StateQueued && vs[i-1].state == job.StateRejected:
 			kind = queue.KindQueued(3)
 			rec.Request = &job.Request{Command: []string{"true"}}
@@ -64,7 +66,9 @@ func history(vs ...v) []Version {
 
 var (
 	queued   = v{state: job.StateQueued, event: job.EventQueued}
-	rejected = v{state: job.StateRejected, event: job.EventRejected, kind: queue.KindState}
+	rejected = v{state: job.StateRejected, event: job.EventRejected}
+	// rejectedBefore is a rejection as dispatchers wrote it before kind x.
+	rejectedBefore = v{state: job.StateRejected, event: job.EventRejected, kind: queue.KindState}
 )
 
 func running(n int) v { return v{state: job.StateRunning, attempt: n, event: job.EventStarted} }
@@ -120,6 +124,7 @@ func TestCheck(t *testing.T) {
 		{"timed out in the queue", history(queued, v{state: job.StateTimedOut, event: job.EventTimedOut}), nil},
 		{"a rejection replaced by a submission", history(rejected, queued, running(1), succeeded(1)), nil},
 		{"a rejection replaced by another", history(rejected, rejected), nil},
+		{"a rejection of kind s, written before kind x, replaced", history(rejectedBefore, rejected, queued, running(1), succeeded(1)), nil},
 		{"a first attempt handed back by a draining worker",
 			history(queued, running(1), requeued(0, 1), running(1), succeeded(1)), nil},
 		{"a second attempt handed back", history(queued, running(1), retrying(1), running(2), requeued(1, 1), running(2), succeeded(2)), nil},
@@ -168,6 +173,8 @@ func TestCheck(t *testing.T) {
 			[]string{"its first version is not the one that queued it: 10 s running"}},
 		{"a first version that is final", history(succeeded(1)),
 			[]string{"its first version is not the one that queued it: 10 r succeeded"}},
+		{"a version of kind x that is not a rejection", history(queued, with(running(1), func(x *v) { x.kind = queue.KindRejected }), succeeded(1)),
+			[]string{"version 20 x running attempt 1 (expecting 10) is of kind x, which only rejections are"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Check("default/j", tc.vs)

@@ -261,8 +261,8 @@ func (j *Jobs) place(k JobKey, msgs []*nats.Msg) *placed {
 //
 // Such a pool counts only when no pool has a queued version of the job.
 // It is what a dispatcher leaves when it rejects a request (a rejection,
-// of kind s, and never a queued version), and what stays of a job whose
-// queued version the stream's retention took. It is also what a pool's
+// of kind x, or s before that kind, and never a queued version), and what
+// stays of a job whose queued version the stream's retention took. It is also what a pool's
 // workers can write for any id; but then no dispatcher queued the id
 // anywhere, and there is no job of a pool that a forged version could
 // hide: the worst it tells is a made-up state of an id that was only ever

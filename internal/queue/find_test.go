@@ -169,9 +169,10 @@ func TestFindPicksTheLaterQueued(t *testing.T) {
 }
 
 // TestFindARejection: a job that was only rejected is found by its
-// rejection; a later version a worker of another pool forged for that id
-// does not win over it; a job rejected in one pool and queued in another
-// is found where it was queued.
+// rejection, stored on its kind x subject (or, written before that kind,
+// on s); a later version a worker of another pool forged for that id does
+// not win over it; a job rejected in one pool and queued in another is
+// found where it was queued.
 func TestFindARejection(t *testing.T) {
 	b := setupFind(t)
 	k := queue.JobKey{Tenant: "acme", Pool: "gpu", ID: "refused"}
@@ -181,6 +182,20 @@ func TestFindARejection(t *testing.T) {
 	rev, err := b.jobs.Write(b.ctx, rejected, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	s, err := b.js.Stream(b.ctx, b.names.PoolStreamV2("gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetMsg(b.ctx, rev); err != nil || m.Subject != b.names.PoolJob("gpu", queue.KindRejected, k.Tenant, k.ID) {
+		t.Fatalf("the rejection was stored on %v (%v), want kind %s", m, err, queue.KindRejected)
+	}
+	old := queue.JobKey{Tenant: "acme", Pool: "gpu", ID: "refused-before"}
+	before := *rejected
+	before.ID = old.ID
+	orev := b.forge(t, b.names.PoolJob("gpu", queue.KindState, old.Tenant, old.ID), &before)
+	if rec, got := b.find(t, old); rec.State != job.StateRejected || got != orev {
+		t.Fatalf("a rejection of kind s, written before kind x: %+v at %d", rec, got)
 	}
 	b.forge(t, b.names.PoolJob("default", "r", k.Tenant, k.ID), forgery(rejected, "default", job.StateSucceeded))
 	if rec, got := b.find(t, k); rec.Pool != "gpu" || rec.State != job.StateRejected || got != rev {

@@ -22,7 +22,10 @@ import (
 // FLEET_POOL_<pool> on one of the job's subjects, <prefix>.p.<pool>.<kind>.
 // <tenant>.<id>: the first, of kind q<priority>, queues the job with its
 // request, and is what the pool's workers are delivered; later ones are of
-// kind s, and the final one, with the job's result, of kind r. Every write
+// kind s, and the final one, with the job's result, of kind r. A rejected
+// request's version is of kind x (s before this kind existed): the
+// dispatcher writes it where it would have queued the job, and a later
+// valid submission of the id queues the job over it. Every write
 // is a compare-and-set against the last message on any of the job's
 // subjects (Nats-Expected-Last-Subject-Sequence with
 // Nats-Expected-Last-Subject-Sequence-Subject), so the first version is the
@@ -70,6 +73,8 @@ func kindOf(r *job.Record) string {
 		return KindResult
 	case r.Request != nil && r.State == job.StateQueued:
 		return KindQueued(r.Priority)
+	case r.State == job.StateRejected:
+		return KindRejected
 	}
 	return KindState
 }

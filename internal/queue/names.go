@@ -33,7 +33,8 @@ type Lag struct {
 //	fleet.t.<tenant>.ev.<pool>.<id>        heartbeat and log events, stream FLEET_EVENTS
 //	fleet.p.<pool>.<kind>.<tenant>.<id>    stream FLEET_POOL_<pool>: the versions of each job's record;
 //	                                       kind q<priority> queues the job (with its request),
-//	                                       s is a later state, r the final one (with the result)
+//	                                       s is a later state, r the final one (with the result),
+//	                                       x a rejected request (replaced by a later valid one)
 //	fleet.stop.<pool>.<tenant>.<id>        core NATS: the dispatcher tells the pool's workers to stop an attempt
 //	fleet.wake.<pool>                      core NATS: a job was queued for the pool
 //	fleet.dlq.<pool>.<tenant>.<id>         stream FLEET_DLQ
@@ -133,9 +134,18 @@ func (n Names) Request(tenant, verb, id string) string {
 func (n Names) AllRequests(verb string) string { return n.prefix() + ".t.*." + verb + ".>" }
 
 // Kinds of the subjects of a job in its pool's stream.
+//
+// A watcher of how jobs end subscribes to kinds r and x: a job that was
+// queued ends with one version of kind r; a request a dispatcher refused
+// has a version of kind x instead, which a later valid submission of the
+// id replaces (it queues the job after it). Versions of kind r are never
+// followed by another (see FinalMsgID); x, not being final, may be. Only
+// dispatchers write q and x (the roles of deploy/nats); the pool's workers
+// write s and r, as dispatchers do for a cancel.
 const (
-	KindState  = "s" // a state after the job was queued
-	KindResult = "r" // the final state, with the result
+	KindState    = "s" // a state after the job was queued
+	KindResult   = "r" // the final state, with the result
+	KindRejected = "x" // a rejected request: the job's latest until it is submitted again
 )
 
 // KindQueued is the kind of the subject that queues a job at priority p.

@@ -243,6 +243,7 @@ func TestRolesAreConfined(t *testing.T) {
 		{"a default worker acknowledges gpu's messages", work, "pub", "$JS.ACK.FLEET_POOL_gpu.jobs-gpu.1.1.1.1.1", "+ACK"},
 		{"a default worker hears gpu's stop notices", work, "sub", "fleet.stop.gpu.>", nil},
 		{"a default worker queues a job", work, "pub", "fleet.p.default.q3.default.forged", rec},
+		{"a default worker rejects a request", work, "pub", "fleet.p.default.x.default.forged", rec},
 		{"a default worker writes a tenant's uploads", work, "pub", upChunk, "forged"},
 		{"a default worker follows a tenant's records", work, "sub", "fleet.t.*.job.>", nil},
 		{"a default worker changes its pool's stream", work, "req", "$JS.API.STREAM.UPDATE.FLEET_POOL_default", nil},

@@ -42,6 +42,12 @@ const (
 // time, shared by the refusals waiting for it), so that a worker that has
 // just started is not refused for the second until the next refresh.
 //
+// A request for a pool with no live worker is not refused at once: it
+// waits up to FirstWorker (2 s) for one to report (see awaitWorker). A
+// worker started a moment before the first request for its pool, as the
+// README's tour does, writes its first heartbeat once it has connected to
+// NATS and Redis, which may be just after the request comes.
+//
 // When Redis is away (the Store's Breaker is open), reading costs nothing:
 // it fails at once. Admission judges by the last view it read for 10
 // seconds (the pools' totals rarely change), then lets every request
@@ -62,15 +68,33 @@ type Admission struct {
 	// Set it before Start.
 	Settle time.Duration
 
+	// FirstWorker is how long a request for a pool with no live worker
+	// waits for one to report before it is refused (mode AdmitReject).
+	// The requests for the pool that come meanwhile wait with it, and all
+	// are answered when a worker reports or the wait ends: a producer
+	// whose tries each wait less than this for an answer (the Go client's
+	// first waits 500 ms) gets one within a try, not never. 0 refuses at
+	// once. Defaults to DefaultFirstWorker. Set it before Start.
+	FirstWorker time.Duration
+
 	// rechecking lets one refusal at a time read the view again; the
 	// others wait for it and use what it read.
 	rechecking sync.Mutex
+
+	// bg ends the waits for a first worker at Stop; pollers are those
+	// waits' goroutines.
+	bg      context.Context
+	stopBg  context.CancelFunc
+	pollers sync.WaitGroup
 
 	mu      sync.Mutex
 	pools   map[string]*poolView
 	workers []*job.Heartbeat
 	fresh   time.Time
 	lastErr error
+	// waits are the pools whose requests wait for a first worker: each
+	// closes when one reports or the wait ends.
+	waits map[string]chan struct{}
 	// before is the view read before the last outage, and settled when it
 	// stops counting.
 	before  []*job.Heartbeat
@@ -115,10 +139,23 @@ func NewAdmission(s *capacity.Store, mode string, log *slog.Logger) (*Admission,
 		log = slog.Default()
 	}
 	a := &Admission{s: s, mode: mode, log: log.With("component", "admission"), pools: map[string]*poolView{},
-		Settle: 3 * capacity.DefaultHeartbeatInterval, wait: capacity.WaitHistogram()}
+		Settle: 3 * capacity.DefaultHeartbeatInterval, FirstWorker: DefaultFirstWorker, wait: capacity.WaitHistogram(),
+		waits: map[string]chan struct{}{}}
+	a.bg, a.stopBg = context.WithCancel(context.Background())
 	a.loop = lifecycle.NewEvery(time.Second, a.refresh)
 	return a, nil
 }
+
+// DefaultFirstWorker is how long a request for a pool with no live
+// worker waits for one by default: a worker started with the request, or
+// a moment before, has reported by then (it connects to NATS, then to
+// Redis, and writes its heartbeat at once), and a refusal costs its
+// producer no more than that.
+const DefaultFirstWorker = 2 * time.Second
+
+// firstWorkerPoll is how often the view is read again while requests
+// wait for a pool's first worker.
+const firstWorkerPoll = 100 * time.Millisecond
 
 // Start refreshes the view now and then every second, until Stop. The view
 // also feeds the fleet.pool.slots and fleet.worker.heartbeat.age gauges.
@@ -129,11 +166,16 @@ func (a *Admission) Start(ctx context.Context) error {
 	return a.loop.Start(ctx)
 }
 
-// Stop stops refreshing the view.
+// Stop stops refreshing the view; the requests waiting for a pool's first
+// worker are refused.
 func (a *Admission) Stop(ctx context.Context) error {
 	if a.gauge != nil {
 		_ = a.gauge.Unregister()
 	}
+	a.mu.Lock() // no wait starts after this (see awaitWorker)
+	a.stopBg()
+	a.mu.Unlock()
+	a.pollers.Wait()
 	return a.loop.Stop(ctx)
 }
 
@@ -259,6 +301,11 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 		p, _ = a.pool(r.Pool)
 		problem = unfit(r, p)
 	}
+	if problem != "" && a.mode == AdmitReject && noWorker(p) && a.FirstWorker > 0 {
+		a.awaitWorker(ctx, r.Pool)
+		p, _ = a.pool(r.Pool)
+		problem = unfit(r, p)
+	}
 	switch {
 	case problem == "":
 		return "", nil
@@ -269,6 +316,68 @@ func (a *Admission) Admit(ctx context.Context, r *job.Request) (string, error) {
 }
 
 var opAdmit = metric.WithAttributeSet(attribute.NewSet(attribute.String("op", "admit")))
+
+// noWorker reports a pool with no live worker in the view.
+func noWorker(p *poolView) bool { return p == nil || p.workers == 0 }
+
+// awaitWorker waits until pool has a live worker in the view, for at most
+// FirstWorker from the first request that began waiting for it, or until
+// ctx ends. The requests that come while one waits share its wait and its
+// reads of the view; once it has ended, the next request for a pool still
+// without a worker starts a new one.
+func (a *Admission) awaitWorker(ctx context.Context, pool string) {
+	a.mu.Lock()
+	done := a.waits[pool]
+	if done == nil && a.bg.Err() == nil {
+		done = make(chan struct{})
+		a.waits[pool] = done
+		a.pollers.Add(1)
+		go a.watchFor(pool, done)
+	}
+	a.mu.Unlock()
+	if done == nil {
+		return // stopped
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// watchFor reads the view again every firstWorkerPoll until pool has a
+// live worker or FirstWorker has passed, then closes done.
+func (a *Admission) watchFor(pool string, done chan struct{}) {
+	defer a.pollers.Done()
+	defer func() {
+		a.mu.Lock()
+		delete(a.waits, pool)
+		a.mu.Unlock()
+		close(done)
+	}()
+	end := time.NewTimer(a.FirstWorker)
+	defer end.Stop()
+	tick := time.NewTicker(firstWorkerPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-end.C:
+			return
+		case <-a.bg.Done():
+			return
+		}
+		// One read of the view at a time, and none when another was
+		// read since the last poll (the refresh loop's, another pool's).
+		a.rechecking.Lock()
+		if _, f := a.pool(pool); time.Since(f) >= firstWorkerPoll {
+			a.refresh(a.bg)
+		}
+		a.rechecking.Unlock()
+		if p, _ := a.pool(pool); !noWorker(p) {
+			return
+		}
+	}
+}
 
 // pool returns the view of a pool and when the view was read.
 func (a *Admission) pool(name string) (*poolView, time.Time) {

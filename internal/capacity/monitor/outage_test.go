@@ -209,10 +209,12 @@ func TestAdmissionAcrossAnOutage(t *testing.T) {
 	if !strings.Contains(logs.String(), "capacity readable again") {
 		t.Errorf("admission did not log the return:\n%s", logs.String())
 	}
-	// Once Settle has passed, the worker that did not report is gone.
+	// Once Settle has passed, the worker that did not report is gone (the
+	// request waits FirstWorker for one to report, as for any pool with no
+	// live worker).
 	time.Sleep(settle)
 	a.refresh(ctx)
-	if _, err := admit("256Mi"); err == nil || !strings.Contains(err.Error(), "has no live worker") {
+	if _, err := a.Admit(ctx, req("256Mi")); err == nil || !strings.Contains(err.Error(), "has no live worker") {
 		t.Errorf("past Settle, a pool whose worker never came back: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package failover
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // and the jobs queued meanwhile run, once each: what losing a server for
 // good costs a pool.
 func TestAPoolsQueueLivesWithItsStream(t *testing.T) {
-	c, env := clusterWithDispatchers(t)
+	c, env := fleettest.ClusterFleet(t)
 	w := fleettest.StartProc(t, "worker", env, "--id", "pw", "--executor", "noop", "--slots", "8")
 	w.WaitOutput(t, "worker started", 30*time.Second)
 	nc := c.Connect(t)

@@ -1,0 +1,89 @@
+package failover
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/natstest"
+	"github.com/fleet-dev/fleet/internal/redistest"
+)
+
+// TestChaosOnACluster runs the fleet as it runs for real: a three-node
+// cluster with streams of three replicas, two dispatchers started at the
+// same instant, three process workers with capacity in Redis, jobs offered
+// at a steady pace. It runs the jobs once undisturbed, then again while the
+// node leading the jobs stream, then the meta leader, then a third node are
+// killed with SIGKILL and restarted two seconds later. Every job ends with
+// exactly one result, in the stream and as heard by subscribers
+// (historytest), none fails or times out because of the failures; the
+// targets (see target): the worst submit→result latency under 10 s, and
+// the throughput over the run at least 0.9 times the undisturbed run's.
+func TestChaosOnACluster(t *testing.T) {
+	// Paced for 36 s, so that each kill is twelve seconds from the next: a
+	// node killed takes the leadership of its Raft groups with it, their
+	// followers elect another in 4 to 9 s, and the node rejoins when it is
+	// restarted.
+	const (
+		jobs = 3600
+		rate = 100 // jobs per second offered
+	)
+	fleettest.Binary(t, "worker")
+	c := natstest.RunCluster(t, 3)
+	c.WaitReady(t, 30*time.Second)
+	rs := redistest.Start(t)
+	env := []string{"FLEET_NATS_URL=" + c.URLs(), "FLEET_REDIS_URL=" + rs.URL(), "FLEET_DATA_DIR=" + t.TempDir(),
+		"FLEET_HTTP_ADDR=127.0.0.1:0", "FLEET_HEARTBEAT_INTERVAL=1s"}
+	ds := []*fleettest.Proc{
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3"),
+		fleettest.StartProc(t, "dispatcher", env, "--replicas", "3"),
+	}
+	for _, d := range ds {
+		d.WaitOutput(t, "dispatcher ready", 30*time.Second)
+	}
+	var workers []*fleettest.Proc
+	for i := range 3 {
+		w := fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("storm-%d", i), "--slots", "16", "--grace", "100ms")
+		w.WaitOutput(t, "worker started", 30*time.Second)
+		workers = append(workers, w)
+	}
+
+	calm := offer(t, c, "calm", jobs, rate, false, nil)
+	kills := func() []kill {
+		return []kill{
+			{at: 3 * time.Second, why: "leader of FLEET_POOL_default", pick: func() int { return c.StreamLeader("FLEET_POOL_default") }},
+			{at: 15 * time.Second, why: "meta leader", pick: c.MetaLeader},
+			{at: 27 * time.Second, why: "a third node"},
+		}
+	}
+	storm := offer(t, c, "storm", jobs, rate, false, kills())
+	// The other submit path: a JetStream publish on the intake subject,
+	// sent again with its id until acknowledged.
+	stored := offer(t, c, "stored", jobs, rate, true, kills())
+	t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
+		calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
+	for _, r := range []struct {
+		name string
+		run
+	}{{"three nodes killed, submitted by request", storm}, {"three nodes killed, submitted to the intake stream", stored}} {
+		t.Logf("%s: %d jobs in %s, %.0f jobs/s (%.2f×), submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
+			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.rate()/calm.rate(), r.p50.Round(time.Millisecond),
+			r.worst.Round(time.Millisecond), r.lost, r.unheard)
+	}
+	// A killed node takes the leadership of its Raft groups with it; their
+	// followers elect another 4 to 9 s after the last heartbeat they had
+	// from it. A pool's queues live with its stream's leader (queue.Placed),
+	// so that a job meets one election, and what the fleet adds to it
+	// (TestFailoverCostsOnlyTheElections) is well under a second: the worst
+	// stays under 10 s.
+	for _, r := range []run{storm, stored} {
+		target(t, r.worst <= 10*time.Second, "the worst submit→result latency was %s with nodes failing, over 10 s", r.worst)
+		target(t, r.rate() >= 0.9*calm.rate(), "%.0f jobs/s with nodes failing, under 0.9 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
+	}
+	for _, p := range append(ds, workers...) {
+		if p.Wait(0) {
+			t.Fatalf("a process exited when NATS nodes died:\n%s", p.Output())
+		}
+	}
+}
