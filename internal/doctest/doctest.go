@@ -216,12 +216,12 @@ func script(blocks []Block, outDir string, runMarked func(string) bool) (string,
 		if !blk.Shell() || blk.Marked && (runMarked == nil || !runMarked(blk.Skip)) {
 			continue
 		}
-		emit(fmt.Sprintf("printf 'begin %d\\n' >&9\n", blk.Line))
+		emit(fmt.Sprintf("printf 'begin %d %%s\\n' \"$EPOCHREALTIME\" >&9\n", blk.Line))
 		emit("{\n")
 		steps = append(steps, step{block: blk, scriptLine: line})
 		emit(blk.Text + "\n")
 		emit(fmt.Sprintf("} >%s 2>&1 </dev/null\n", shellQuote(filepath.Join(outDir, strconv.Itoa(blk.Line)+".log"))))
-		emit(fmt.Sprintf("printf 'end %d\\n' >&9\n", blk.Line))
+		emit(fmt.Sprintf("printf 'end %d %%s\\n' \"$EPOCHREALTIME\" >&9\n", blk.Line))
 	}
 	// What became of the processes started in the background.
 	emit(fmt.Sprintf("jobs -l >%s\n", shellQuote(filepath.Join(outDir, "jobs"))))
@@ -300,10 +300,10 @@ func (r *Runner) Run(ctx context.Context, page string, blocks []Block) ([]Ran, e
 			switch f[0] {
 			case "begin":
 				current++
-				started = time.Now()
+				started = stamp(f)
 			case "end":
 				blk := steps[current].block
-				took := time.Since(started)
+				took := stamp(f).Sub(started)
 				ran = append(ran, Ran{Block: blk, Took: took})
 				if r.Logf != nil {
 					r.Logf("%s:%d: ran in %s", page, blk.Line, took.Round(time.Millisecond))
@@ -377,7 +377,7 @@ loop:
 	failLine := 0
 	for _, l := range strings.Split(string(data), "\n") {
 		f := strings.Fields(l)
-		if len(f) == 2 && f[0] == "begin" {
+		if len(f) >= 2 && f[0] == "begin" {
 			failLine = 0 // a failure is the running block's
 		}
 		if len(f) == 3 && f[0] == "fail" {
@@ -539,6 +539,19 @@ func groupAlive(pgid int) bool {
 		}
 	}
 	return false
+}
+
+// stamp is the time a status line says (bash's $EPOCHREALTIME, seconds
+// with microseconds), or now.
+func stamp(f []string) time.Time {
+	if len(f) < 3 {
+		return time.Now()
+	}
+	sec, err := strconv.ParseFloat(strings.Replace(f[2], ",", ".", 1), 64)
+	if err != nil {
+		return time.Now()
+	}
+	return time.UnixMicro(int64(sec * 1e6))
 }
 
 func readLog(dir string, line int) string {
