@@ -72,15 +72,17 @@ type Line struct {
 	Text string
 }
 
-// Block is a fenced code block: its info string ("json", "go", or "") and
+// Block is a fenced code block: the first word of its info string ("json",
+// "go", "sh", or "" for none), the rest of it (Attrs, as "file=job.json"),
 // its text, and the line of its opening fence.
 type Block struct {
-	Info string
-	Text string
-	Line int
+	Info  string
+	Attrs string
+	Text  string
+	Line  int
 }
 
-var fence = regexp.MustCompile("^\\s*(```+|~~~+)\\s*([^`\\s]*)")
+var fence = regexp.MustCompile("^\\s*(```+|~~~+)\\s*([^`\\s]*)([^`]*)$")
 
 // Parse reads a Markdown file.
 func Parse(path string) (*Page, error) {
@@ -101,9 +103,9 @@ func Parse(path string) (*Page, error) {
 		if m := fence.FindStringSubmatch(text); m != nil {
 			switch {
 			case open == "":
-				open, block, body = m[1], &Block{Info: m[2], Line: n}, nil
+				open, block, body = m[1], &Block{Info: m[2], Attrs: strings.TrimSpace(m[3]), Line: n}, nil
 				continue
-			case strings.HasPrefix(m[1], open[:1]) && len(m[1]) >= len(open) && m[2] == "":
+			case strings.HasPrefix(m[1], open[:1]) && len(m[1]) >= len(open) && m[2] == "" && strings.TrimSpace(m[3]) == "":
 				block.Text = strings.Join(body, "\n")
 				p.Blocks = append(p.Blocks, *block)
 				open, block = "", nil

@@ -153,7 +153,7 @@ func TestExampleRequests(t *testing.T) {
 				} else if err := c.Validate(); err != nil {
 					t.Errorf("%s: the example policy change is refused: %v", where, err)
 				}
-			case b.Info == "":
+			case b.Info == "sh":
 				// A command block: the requests piped into fleetctl.
 				for _, m := range echoed.FindAllStringSubmatch(b.Text, -1) {
 					if strings.Contains(m[1], `"command"`) {
