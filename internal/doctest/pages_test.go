@@ -1,7 +1,6 @@
 package doctest_test
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -116,23 +115,6 @@ func freePort(t *testing.T) string {
 	return port
 }
 
-// natsCLI finds the nats CLI: FLEET_NATS_CLI, else what hack/tools/build.sh
-// built into its cache, else one on the PATH. Without one the test is
-// skipped, and fails under CI=true (.ci/run builds it before the tests).
-func natsCLI(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("FLEET_NATS_CLI"); p != "" {
-		return p
-	}
-	cached := filepath.Join(cmp.Or(os.Getenv("FLEET_TOOLS_CACHE"), "/var/cache/fleet-tools"), "bin", "nats")
-	if _, err := os.Stat(cached); err == nil {
-		return cached
-	}
-	p, err := exec.LookPath("nats")
-	testenv.Require(t, err == nil, "the nats CLI: run hack/tools/build.sh nats, or set FLEET_NATS_CLI (%v)", err)
-	return p
-}
-
 // runner is a page's runner: a scratch directory whose bin/ holds the
 // fleet's binaries as make build leaves them, the same binaries and the
 // nats CLI on the PATH, and the fleet's environment.
@@ -150,7 +132,7 @@ func runner(t *testing.T, f fleetEnv) *doctest.Runner {
 	}
 	r := &doctest.Runner{
 		Dir:  scratch,
-		PATH: []string{bins, filepath.Dir(natsCLI(t))},
+		PATH: []string{bins, filepath.Dir(testenv.NatsCLI(t))},
 		Env:  f.vars(),
 		Logf: t.Logf,
 	}

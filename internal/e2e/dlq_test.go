@@ -2,12 +2,10 @@ package e2e
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,23 +18,6 @@ import (
 	"github.com/fleet-dev/fleet/job"
 	"github.com/fleet-dev/fleet/schemas"
 )
-
-// natsCLI finds the nats CLI as internal/security's tests do:
-// FLEET_NATS_CLI, else what hack/tools/build.sh built into its cache, else
-// one on the PATH.
-func natsCLI(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("FLEET_NATS_CLI"); p != "" {
-		return p
-	}
-	cached := filepath.Join(cmp.Or(os.Getenv("FLEET_TOOLS_CACHE"), "/var/cache/fleet-tools"), "bin", "nats")
-	if _, err := os.Stat(cached); err == nil {
-		return cached
-	}
-	p, err := exec.LookPath("nats")
-	testenv.Require(t, err == nil, "the nats CLI: run hack/tools/build.sh nats, or set FLEET_NATS_CLI (%v)", err)
-	return p
-}
 
 // recordSchema compiles the job record's schema (job-record.v2) with the
 // schemas it refers to.
@@ -76,7 +57,7 @@ func recordSchema(t *testing.T) *jsonschema.Schema {
 // sealed), with the job's last failure in failure and its attempts in
 // attempt, those of its result. The Go client reads the same.
 func TestADeadLetterCarriesItsFailure(t *testing.T) {
-	bin := natsCLI(t)
+	bin := testenv.NatsCLI(t)
 	f := fleettest.Start(t)
 	f.Worker(t, processExec(t), worker.Config{Slots: 2})
 	const id = "dead-end"

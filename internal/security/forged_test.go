@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
+	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -31,7 +32,7 @@ import (
 // (it ends cancelled), and one of the finished job says it has ended as it
 // did.
 func TestAWorkerCannotRewriteAnotherPoolsJob(t *testing.T) {
-	bin := natsCLI(t)
+	bin := testenv.NatsCLI(t)
 	f := startFleet(t)
 	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
 	api := httptest.NewServer(dispatcher.NewAPI(f.d))

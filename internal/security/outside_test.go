@@ -3,7 +3,6 @@ package security_test
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,24 +17,6 @@ import (
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/job"
 )
-
-// natsCLI finds the nats CLI (github.com/nats-io/natscli): FLEET_NATS_CLI,
-// else what hack/tools/build.sh built into its cache, else one on the
-// PATH. Without one the test is skipped, and fails under CI=true (.ci/run
-// builds it before the tests).
-func natsCLI(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("FLEET_NATS_CLI"); p != "" {
-		return p
-	}
-	cached := filepath.Join(cmp.Or(os.Getenv("FLEET_TOOLS_CACHE"), "/var/cache/fleet-tools"), "bin", "nats")
-	if _, err := os.Stat(cached); err == nil {
-		return cached
-	}
-	p, err := exec.LookPath("nats")
-	testenv.Require(t, err == nil, "the nats CLI: run hack/tools/build.sh nats, or set FLEET_NATS_CLI (%v)", err)
-	return p
-}
 
 // natsRunner runs the nats CLI as a role, with its key and inbox prefix, and a
 // configuration folder of the test's own.
@@ -79,7 +60,7 @@ func (c natsRunner) run(t *testing.T, role string, args ...string) []byte {
 // about another tenant's job. An operator reads the job's output with
 // `nats object get`.
 func TestAnOutsideClientFollowsAJob(t *testing.T) {
-	bin := natsCLI(t)
+	bin := testenv.NatsCLI(t)
 	f := startFleet(t)
 	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
 	const id = "from-the-cli"

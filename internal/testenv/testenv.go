@@ -6,6 +6,8 @@ package testenv
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -26,4 +28,31 @@ func Require(t testing.TB, ok bool, format string, args ...any) {
 		t.Fatalf("missing dependency (CI=true, so this fails): "+format, args...)
 	}
 	t.Skipf("missing dependency (set CI=true to make this a failure): "+format, args...)
+}
+
+// NatsCLI finds the nats CLI (github.com/nats-io/natscli), the client the
+// tests use as one that is not the fleet's: FLEET_NATS_CLI, else what
+// hack/tools/build.sh built into its cache (FLEET_TOOLS_CACHE, by default
+// /var/cache/fleet-tools), else one on the PATH. Without one the test is
+// skipped, and fails under CI (.ci/run builds it before the tests).
+func NatsCLI(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("FLEET_NATS_CLI"); p != "" {
+		return p
+	}
+	cache := os.Getenv("FLEET_TOOLS_CACHE")
+	if cache == "" {
+		cache = "/var/cache/fleet-tools"
+	}
+	if cached := filepath.Join(cache, "bin", "nats"); fileExists(cached) {
+		return cached
+	}
+	p, err := exec.LookPath("nats")
+	Require(t, err == nil, "the nats CLI: run hack/tools/build.sh nats, or set FLEET_NATS_CLI (%v)", err)
+	return p
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
