@@ -267,32 +267,20 @@ func TestTheREADMERunsAsWritten(t *testing.T) {
 	runPage(t, "README.md", r)
 }
 
-// TestClientsRunsAsWritten runs docs/clients.md against a running fleet:
-// the nats CLI's requests, subscriptions and reads, fleetctl's watch.
-func TestClientsRunsAsWritten(t *testing.T) {
-	f := newFleetEnv(t)
-	r := runner(t, f)
-	startFleet(t, f)
-	runPage(t, "docs/clients.md", r)
-}
-
-// TestSchedulesRunsAsWritten runs docs/schedules.md's fleetctl schedule
-// commands against a running fleet, with the page's schedule and request
-// as the files they read.
-func TestSchedulesRunsAsWritten(t *testing.T) {
-	f := newFleetEnv(t)
-	r := runner(t, f)
-	startFleet(t, f)
-	runPage(t, "docs/schedules.md", r)
-}
-
-// TestSharingRunsAsWritten runs docs/sharing.md's fleetctl pool commands
-// against a running fleet.
-func TestSharingRunsAsWritten(t *testing.T) {
-	f := newFleetEnv(t)
-	r := runner(t, f)
-	startFleet(t, f)
-	runPage(t, "docs/sharing.md", r)
+// TestPagesRunAsWritten runs, each against a running fleet, the pages
+// whose commands need one and nothing else: docs/clients.md (the nats
+// CLI's requests, subscriptions and reads, fleetctl's watch),
+// docs/schedules.md (fleetctl schedule, with the page's schedule and
+// request as the files they read) and docs/sharing.md (fleetctl pool).
+func TestPagesRunAsWritten(t *testing.T) {
+	for _, page := range []string{"docs/clients.md", "docs/schedules.md", "docs/sharing.md"} {
+		t.Run(filepath.Base(page), func(t *testing.T) {
+			f := newFleetEnv(t)
+			r := runner(t, f)
+			startFleet(t, f)
+			runPage(t, page, r)
+		})
+	}
 }
 
 // TestDeployNATSRunsAsWritten runs deploy/nats/README.md in a copy of
