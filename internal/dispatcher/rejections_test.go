@@ -117,3 +117,55 @@ func TestAWatcherOfHowJobsEndHearsARejection(t *testing.T) {
 		t.Errorf("the versions of the job rejected, then submitted again, are of kinds %s, want x q3 s r", got)
 	}
 }
+
+// TestARequestRefusedAgainKeepsOneRejection: the same request refused
+// again for the same reason (a producer's copy sent again while the first
+// waited for its answer, or a user's retry) adds no version: the job keeps
+// the one rejection, which says it all. Refused for another reason, the
+// new reason replaces it, as a watcher of the id must hear.
+func TestARequestRefusedAgainKeepsOneRejection(t *testing.T) {
+	t.Parallel()
+	f := fleettest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc := f.NATS.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit := func(doc string) {
+		t.Helper()
+		var rej *client.RejectedError
+		if _, err := f.Client.SubmitJSON(ctx, []byte(doc)); !errors.As(err, &rej) {
+			t.Fatalf("submit of %s: %v, want a rejection", doc, err)
+		}
+	}
+	for range 3 {
+		submit(`{"id":"again","timeout":"soon","command":["true"]}`)
+	}
+	kinds := func() []string {
+		t.Helper()
+		// Read, not Require: a job only ever rejected has no final version.
+		names := queue.Names{}
+		p, err := historytest.Read(ctx, js, names, job.DefaultPool, names.PoolJob(job.DefaultPool, "*", job.DefaultTenant, ">"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, v := range p.Jobs["default/again"] {
+			kinds = append(kinds, v.Kind)
+		}
+		return kinds
+	}
+	if got := strings.Join(kinds(), " "); got != "x" {
+		t.Fatalf("a request refused three times for one reason left versions of kinds %s, want one x", got)
+	}
+	submit(`{"id":"again","priority":99,"command":["true"]}`)
+	if got := strings.Join(kinds(), " "); got != "x x" {
+		t.Fatalf("refused again for another reason: versions of kinds %s, want x x", got)
+	}
+	st, err := f.Client.Status(ctx, "again")
+	if err != nil || st.Job.State != job.StateRejected || !strings.Contains(st.Job.Message, "priority") {
+		t.Fatalf("status after the second reason: %+v, %v, want the priority's rejection", st, err)
+	}
+}

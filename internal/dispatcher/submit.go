@@ -217,11 +217,14 @@ func (d *Dispatcher) reject(ctx context.Context, tenant, id, pool string, cause 
 		d.log.Warn("rejected record not written", "job_id", id, "err", err)
 		return reply, nil
 	}
-	// Keep a job that exists; replace only an earlier rejection.
+	// Keep a job that exists; replace only an earlier rejection, and only
+	// one for another reason: the same request refused again, a producer's
+	// copy sent while the first waited for its answer say, says nothing
+	// new, and its job keeps one rejection.
 	k := queue.Key(rec)
 	rev := uint64(0)
 	if old, oldRev, err := d.jobs.Latest(ctx, k); err == nil || errors.Is(err, queue.ErrNotFound) {
-		if old != nil && old.State != job.StateRejected {
+		if old != nil && (old.State != job.StateRejected || old.Message == reason) {
 			return reply, nil
 		}
 		rev = oldRev
