@@ -136,6 +136,9 @@ func (c *Client) SubmitJSON(ctx context.Context, data []byte) (*Submission, erro
 	// The producer's trace, if it has one, goes on into the fleet.
 	msg := nats.NewMsg(c.names.SubmitV2(c.tenant))
 	msg.Data = withID(data)
+	// Every copy of this submission carries one token: the answer to a
+	// copy sent again, after the first was taken, is the first's.
+	msg.Header.Set(job.SubmissionHeader, job.NewID())
 	otel.GetTextMapPropagator().Inject(ctx, queue.HeaderCarrier(msg.Header))
 	if len(msg.Header) == 0 {
 		msg.Header = nil

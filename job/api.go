@@ -19,7 +19,9 @@ type SubmitReply struct {
 	Priority int    `json:"priority,omitempty"`
 	State    State  `json:"state,omitempty"`
 	// Duplicate is set when a job with this id already exists; the request
-	// was not run again.
+	// was not run again. A copy of the submission that queued the job (the
+	// same SubmissionHeader, sent again while the first waited for its
+	// answer) is answered as that submission was: not a duplicate.
 	Duplicate bool   `json:"duplicate,omitempty"`
 	Warning   string `json:"warning,omitempty"`
 	// Error is the reason a request was rejected.
@@ -30,6 +32,13 @@ type SubmitReply struct {
 	Stream string `json:"stream,omitempty"`
 	Seq    uint64 `json:"seq,omitempty"`
 }
+
+// SubmissionHeader names one submission, whatever number of copies of it a
+// producer sends: a random token of up to 64 characters of
+// [A-Za-z0-9_-]. The dispatcher keeps it with the version that queues the
+// job, and answers a later copy with the same token as the first, not as a
+// duplicate. The Go client and fleetctl set it on every submission.
+const SubmissionHeader = "Fleet-Submission"
 
 // Rejected reports whether the submission was refused.
 func (r *SubmitReply) Rejected() bool { return r.Error != "" }

@@ -481,6 +481,7 @@ func (d *Dispatcher) answerDirect(ctx context.Context, m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(ctx, submitDeadline)
 	defer cancel()
 	pctx := telemetry.Propagator.Extract(ctx, queue.HeaderCarrier(m.Header))
+	pctx = withSubmission(pctx, m.Header.Get(job.SubmissionHeader))
 	reply, err := d.process(pctx, d.tenantOf(m.Subject), m.Data)
 	if m.Reply == "" {
 		if err != nil {

@@ -129,7 +129,7 @@ func (a *API) submit(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	reply, err := a.d.Submit(r.Context(), tenant, body)
+	reply, err := a.d.Submit(withSubmission(r.Context(), r.Header.Get(job.SubmissionHeader)), tenant, body)
 	if reply != nil {
 		reply.Stream, reply.Seq = "", 0 // for JetStream publishers only
 	}

@@ -32,6 +32,24 @@ func withTenant(ctx context.Context, tenant string) context.Context {
 	return context.WithValue(ctx, tenantKey{}, tenant)
 }
 
+// submissionKey carries a submission's job.SubmissionHeader to admit.
+type submissionKey struct{}
+
+// withSubmission is ctx for a submission its producer named token; an
+// invalid token is ignored.
+func withSubmission(ctx context.Context, token string) context.Context {
+	if token == "" || !job.ValidID(token) {
+		return ctx
+	}
+	return context.WithValue(ctx, submissionKey{}, token)
+}
+
+// submissionFrom is the submission's token, "" when it has none.
+func submissionFrom(ctx context.Context) string {
+	s, _ := ctx.Value(submissionKey{}).(string)
+	return s
+}
+
 // tenantFrom is the tenant of the request being admitted: the default
 // tenant's unless withTenant said otherwise.
 func tenantFrom(ctx context.Context) string {

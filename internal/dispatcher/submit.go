@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -175,6 +176,10 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 		State: job.StateQueued, Warning: warning}
 	hdr := nats.Header{}
 	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(hdr))
+	submission := submissionFrom(ctx)
+	if submission != "" {
+		hdr.Set(job.SubmissionHeader, submission)
+	}
 	_, err = d.jobs.Queue(ctx, rec, 0, hdr)
 	if errors.Is(err, queue.ErrExists) {
 		old, oldRev, gerr := d.jobs.Latest(ctx, k)
@@ -185,6 +190,12 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 			_, err = d.jobs.Queue(ctx, rec, oldRev, hdr)
 		case gerr != nil:
 			return nil, errTransient{gerr}
+		case submission != "" && d.sameSubmission(ctx, k, old, submission):
+			// A copy of the submission that queued the job, sent again
+			// while the first waited for its answer: answered as the
+			// first would have been.
+			reply.State = old.State
+			return reply, nil
 		default:
 			reply.State, reply.Duplicate, reply.Warning = old.State, true, ""
 			return reply, nil
@@ -198,6 +209,14 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	}
 	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
 	return reply, nil
+}
+
+// sameSubmission reports whether job k, whose latest version is old, was
+// queued by the submission its producer named token. A read that fails
+// says no: the answer is then "duplicate", which is true of the job.
+func (d *Dispatcher) sameSubmission(ctx context.Context, k queue.JobKey, old *job.Record, token string) bool {
+	queued, err := d.jobs.Submission(ctx, k, cmp.Or(old.Priority, job.DefaultPriority))
+	return err == nil && queued == token
 }
 
 // reject answers a refused request. When the request names a usable id

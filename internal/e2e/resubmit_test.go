@@ -175,3 +175,54 @@ func typesOf(evs []*job.Event) []job.EventType {
 	}
 	return out
 }
+
+// TestASubmissionThatWaitedForTheFirstWorkerIsNoDuplicate: the README's
+// tour once more, with the worker a second late: the dispatcher holds the
+// request until the pool's first worker reports (up to 2 s), while the
+// client, unanswered after half a second, sends its copy again. The job
+// is queued once, and the answer the client reads (that of its last copy)
+// says submitted, not "already exists": every copy carries the one
+// submission's token (job.SubmissionHeader).
+func TestASubmissionThatWaitedForTheFirstWorkerIsNoDuplicate(t *testing.T) {
+	f, caps := rejectingFleet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type answer struct {
+		s   *client.Submission
+		err error
+	}
+	answered := make(chan answer, 1)
+	start := time.Now()
+	go func() {
+		s, err := f.Client.Submit(ctx, &job.Request{ID: "waited", Command: []string{"true"}})
+		answered <- answer{s, err}
+	}()
+	time.Sleep(time.Second) // the client has sent its second copy by now
+	startListedWorker(t, f, caps, "late-worker")
+	a := <-answered
+	if a.err != nil || a.s.Duplicate || a.s.State == job.StateRejected {
+		t.Fatalf("submit that waited %v for the first worker: %+v, %v; want it submitted, not a duplicate",
+			time.Since(start).Round(time.Millisecond), a.s, a.err)
+	}
+	if r := f.Await(t, "waited", 20*time.Second); r.Status != job.StatusSucceeded {
+		t.Fatalf("result: %s", r.Status)
+	}
+	h, err := f.Client.History(ctx, "waited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := 0
+	for _, rec := range h.Records {
+		if rec.State == job.StateQueued && rec.Event == job.EventQueued {
+			queued++
+		}
+	}
+	if queued != 1 {
+		t.Fatalf("the job was queued %d times, want once", queued)
+	}
+	// Another submission of the id, later, is one.
+	s, err := f.Client.Submit(ctx, &job.Request{ID: "waited", Command: []string{"true"}})
+	if err != nil || !s.Duplicate {
+		t.Fatalf("a second submission of the id: %+v, %v; want a duplicate", s, err)
+	}
+}

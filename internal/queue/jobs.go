@@ -231,6 +231,24 @@ func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error
 	return rec, rev, err
 }
 
+// Submission returns the job.SubmissionHeader of the version that queued
+// job k at priority, "" when it carries none or the job has no such
+// version.
+func (j *Jobs) Submission(ctx context.Context, k JobKey, priority int) (string, error) {
+	var m *nats.Msg
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = directLast(ctx, j.nc, j.names.PoolStreamV2(k.Pool), j.names.PoolJob(k.Pool, KindQueued(priority), k.Tenant, k.ID))
+		return err
+	}, nil)
+	if err != nil {
+		return "", fmt.Errorf("read the submission of job %s: %w", k.ID, err)
+	}
+	if m == nil {
+		return "", nil
+	}
+	return m.Header.Get(job.SubmissionHeader), nil
+}
+
 // LastState returns the state of the last version of a job's record,
 // cheaply: only the fields that name the job and its state are decoded; a
 // version of kind r is final. A last version that names another job is
