@@ -34,8 +34,8 @@ type SubmitReply struct {
 }
 
 // SubmissionHeader names one submission, whatever number of copies of it a
-// producer sends: a random token of up to 64 characters of
-// [A-Za-z0-9_-]. The dispatcher keeps it with the version that queues the
+// producer sends: a random token, of a job id's form (job.ValidID: up to 128 characters of
+// [A-Za-z0-9_.-]). The dispatcher keeps it with the version that queues the
 // job, and answers a later copy with the same token as the first, not as a
 // duplicate. The Go client and fleetctl set it on every submission.
 const SubmissionHeader = "Fleet-Submission"
