@@ -24,18 +24,28 @@ import (
 // means the fleet could not decide now; the firing is tried again.
 func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, p *prepared) (job.Firing, error) {
 	id := job.FiringID(sc.Name, at)
-	ctx, span := telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
+	ctx, span := s.startFiring(ctx, sc, at, id)
+	f, err := s.makeFiring(ctx, sc, st, at, id, p)
+	endFiring(span, f, err)
+	return f, err
+}
+
+// startFiring starts the span of a schedule's firing at at, whose job is id.
+func (s *scheduler) startFiring(ctx context.Context, sc *job.Schedule, at time.Time, id string) (context.Context, trace.Span) {
+	return telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("fleet.tenant", sc.Tenant), attribute.String("fleet.schedule", sc.Name),
 			attribute.String("fleet.schedule.firing", at.UTC().Format(time.RFC3339)), attribute.String("fleet.job.id", id)))
-	defer span.End()
-	f, err := s.makeFiring(ctx, sc, st, at, id, p)
+}
+
+// endFiring ends the span of a firing that did f, or failed with err.
+func endFiring(span trace.Span, f job.Firing, err error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "firing not made")
-		return f, err
+	} else {
+		span.SetAttributes(attribute.String("fleet.schedule.outcome", string(f.Outcome)))
 	}
-	span.SetAttributes(attribute.String("fleet.schedule.outcome", string(f.Outcome)))
-	return f, nil
+	span.End()
 }
 
 // p, if not nil, is the firing made ready before its time.
@@ -44,7 +54,7 @@ func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.Sc
 	f := job.Firing{At: at, JobID: id}
 	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
 	prev := st.Previous
-	if policy != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id && (p == nil || p.ended != prev.JobID) {
+	if !overlapDecided(sc, st, id, p) {
 		state, final, err := s.d.jobs.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
@@ -79,11 +89,28 @@ func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.Sc
 	if err != nil {
 		return f, err
 	}
+	return s.made(ctx, sc, st, at, f, reply), nil
+}
+
+// overlapDecided reports whether the overlap policy lets a schedule's
+// firing whose job is id be made without looking at the previous firing's
+// job: it allows overlaps, there is none, or it was seen ended when the
+// firing was made ready (p).
+func overlapDecided(sc *job.Schedule, st *job.ScheduleState, id string, p *prepared) bool {
+	prev := st.Previous
+	return cmp.Or(sc.Overlap, job.OverlapSkip) == job.OverlapAllow || prev == nil || prev.JobID == "" || prev.JobID == id ||
+		(p != nil && p.ended == prev.JobID)
+}
+
+// made is what a firing f did, its job's submission answered reply: made
+// (st keeps it as the previous firing), or rejected.
+func (s *scheduler) made(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, f job.Firing,
+	reply *job.SubmitReply) job.Firing {
 	if reply.Rejected() {
 		f.Outcome, f.Error = job.FiringRejected, reply.Error
 		s.m.count(ctx, sc, job.FiringRejected, 1)
 		s.log.Warn("schedule firing rejected", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "reason", reply.Error)
-		return f, nil
+		return f
 	}
 	queued := s.now()
 	f.Outcome, f.Pool, f.QueuedAt = job.FiringMade, reply.Pool, &queued
@@ -95,7 +122,7 @@ func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.Sc
 	}
 	s.log.Debug("schedule fired", "tenant", sc.Tenant, "schedule", sc.Name, "at", at, "job_id", reply.JobID,
 		"late", queued.Sub(at), "duplicate", reply.Duplicate)
-	return f, nil
+	return f
 }
 
 // prepared is a schedule's firing made ready before its time, so that at

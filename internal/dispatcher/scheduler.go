@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -64,7 +65,7 @@ type scheduler struct {
 	// due takes the firings that are due to the scheduleFiresAtOnce
 	// goroutines that make them, fired what they did to as many that
 	// record it: a firing's place is free while it is recorded.
-	due   chan *entry
+	due   chan *fired
 	fired chan *fired
 	// making counts the firings due and not made yet: the recordings wait
 	// for them (at most recordAfter), which leaves NATS to the queue writes.
@@ -95,7 +96,7 @@ func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
 	log := d.cfg.Logger.With("component", "scheduler")
 	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
 		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
-		due: make(chan *entry), fired: make(chan *fired, firedBuffer), prepping: make(chan struct{}, schedulePreparesAtOnce),
+		due: make(chan *fired), fired: make(chan *fired, firedBuffer), prepping: make(chan struct{}, schedulePreparesAtOnce),
 		entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
 	return s
@@ -212,8 +213,8 @@ func (s *scheduler) lead(ctx context.Context) error {
 func (s *scheduler) firing(ctx context.Context) {
 	for {
 		select {
-		case e := <-s.due:
-			r := s.fire(ctx, e)
+		case r := <-s.due:
+			s.fire(ctx, r)
 			s.making.done(1)
 			select {
 			case s.fired <- r:
@@ -396,22 +397,54 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
-			for i, e := range due {
+			s.fireDue(ctx, due)
+		}()
+	}
+	return max(soonest.Sub(now), 0)
+}
+
+// fireDue makes the firings of the schedules due: those that can, in one
+// batch; the others (several firings to make up, none made ready, an
+// overlap policy that must look at the previous firing's job) one
+// schedule at a time, by the scheduleFiresAtOnce goroutines of firing.
+func (s *scheduler) fireDue(ctx context.Context, due []*entry) {
+	var batch, alone []*fired
+	for _, e := range due {
+		r := s.take(ctx, e)
+		switch {
+		case len(r.ats) == 0:
+			s.making.done(1)
+			select {
+			case s.fired <- r:
+			case <-ctx.Done():
+				s.settle(ctx, r)
+			}
+		case batchable(r):
+			batch = append(batch, r)
+		default:
+			alone = append(alone, r)
+		}
+	}
+	if len(alone) > 0 {
+		s.fires.Add(1)
+		go func() {
+			defer s.fires.Done()
+			for i, r := range alone {
 				select {
-				case s.due <- e:
+				case s.due <- r:
 				case <-ctx.Done():
-					s.mu.Lock()
-					for _, e := range due[i:] {
-						e.busy = false
+					for _, r := range alone[i:] {
+						s.settle(ctx, r)
 					}
-					s.mu.Unlock()
-					s.making.done(len(due) - i)
+					s.making.done(len(alone) - i)
 					return
 				}
 			}
 		}()
 	}
-	return max(soonest.Sub(now), 0)
+	if len(batch) > 0 {
+		s.fireBatch(ctx, batch)
+	}
 }
 
 // fired is what the firings of a schedule made at once did, to be
@@ -423,11 +456,15 @@ type fired struct {
 	rev             uint64
 	now             time.Time
 	changed, failed bool
+	// ats are the firings due, prep the one made ready if any.
+	ats  []time.Time
+	prep *prepared
 }
 
-// fire makes the firings of a schedule that are due, and counts those too
-// late as missed; settle records what they did.
-func (s *scheduler) fire(ctx context.Context, e *entry) *fired {
+// take is what a schedule's firings due now need: the schedule and what
+// its firings did as they are, the firings due, and those too late
+// counted as missed.
+func (s *scheduler) take(ctx context.Context, e *entry) *fired {
 	s.mu.Lock()
 	sc, spec, st, rev, prep := e.s, e.spec, e.state, e.stateRev, e.prep
 	st.Recent = append([]job.Firing(nil), st.Recent...)
@@ -456,29 +493,87 @@ func (s *scheduler) fire(ctx context.Context, e *entry) *fired {
 		s.log.Warn("schedule firings missed: older than the catch-up window", "tenant", sc.Tenant, "schedule", sc.Name,
 			"missed", due.Missed, "last", last, "catch_up_window", window)
 	}
-	failed := false
-	for _, at := range due.Fire {
-		p := prep
+	return &fired{e: e, sc: sc, st: st, rev: rev, now: now, changed: changed, ats: due.Fire, prep: prep}
+}
+
+// batchable reports whether the firings due of r can be made in a batch:
+// one firing, made ready, whose overlap policy needs nothing read.
+func batchable(r *fired) bool {
+	p := r.prep
+	return len(r.ats) == 1 && p != nil && p.req != nil && p.at.Equal(r.ats[0]) &&
+		overlapDecided(r.sc, &r.st, job.FiringID(r.sc.Name, r.ats[0]), p)
+}
+
+// fire makes the firings of r one after the other; settle records what
+// they did.
+func (s *scheduler) fire(ctx context.Context, r *fired) {
+	for _, at := range r.ats {
+		p := r.prep
 		if p != nil && !p.at.Equal(at) {
 			p = nil
 		}
-		f, err := s.fireOne(ctx, sc, &st, at, p)
-		if err != nil {
-			if ctx.Err() == nil {
-				lvl := slog.LevelWarn
-				if e.failures > 0 {
-					lvl = slog.LevelDebug
-				}
-				s.log.Log(ctx, lvl, "a schedule's firing could not be made; trying again", "tenant", sc.Tenant,
-					"schedule", sc.Name, "at", at, "err", err)
-			}
-			failed = true
-			break
+		f, err := s.fireOne(ctx, r.sc, &r.st, at, p)
+		if !s.did(ctx, r, at, f, err) {
+			return
 		}
-		st.Last, changed = &at, true
-		record(&st, f)
 	}
-	return &fired{e: e, sc: sc, st: st, rev: rev, now: now, changed: changed, failed: failed}
+}
+
+// did takes in what the firing at at of r did, f, or that it failed
+// with err, and reports whether the next one may be made.
+func (s *scheduler) did(ctx context.Context, r *fired, at time.Time, f job.Firing, err error) bool {
+	if err != nil {
+		if ctx.Err() == nil {
+			lvl := slog.LevelWarn
+			if r.e.failures > 0 {
+				lvl = slog.LevelDebug
+			}
+			s.log.Log(ctx, lvl, "a schedule's firing could not be made; trying again", "tenant", r.sc.Tenant,
+				"schedule", r.sc.Name, "at", at, "err", err)
+		}
+		r.failed = true
+		return false
+	}
+	r.st.Last, r.changed = &at, true
+	record(&r.st, f)
+	return true
+}
+
+// batchTimeout bounds the making of a batch of firings, as a submission
+// alone is bounded.
+const batchTimeout = 10 * time.Second
+
+// fireBatch makes the firings of rs (each batchable) at once: their jobs'
+// submissions are one batch (Dispatcher.submitBatch), whose writes share
+// the connection's and the stream's, rather than one write waited for at
+// a time by each of scheduleFiresAtOnce goroutines. What each did goes to
+// the recordings as its answer comes.
+func (s *scheduler) fireBatch(ctx context.Context, rs []*fired) {
+	bctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	defer cancel()
+	subs := make([]*batched, len(rs))
+	spans := make([]trace.Span, len(rs))
+	for i, r := range rs {
+		at := r.ats[0]
+		fctx, span := s.startFiring(bctx, r.sc, at, job.FiringID(r.sc.Name, at))
+		subs[i], spans[i] = &batched{ctx: fctx, tenant: r.sc.Tenant, req: r.prep.req}, span
+	}
+	s.d.submitBatch(subs, func(b *batched) {
+		r, at := rs[b.index], rs[b.index].ats[0]
+		f := job.Firing{At: at, JobID: job.FiringID(r.sc.Name, at)}
+		err := b.err
+		if err == nil {
+			f = s.made(b.ctx, r.sc, &r.st, at, f, b.reply)
+		}
+		endFiring(spans[b.index], f, err)
+		s.did(ctx, r, at, f, err)
+		s.making.done(1)
+		select {
+		case s.fired <- r:
+		case <-ctx.Done():
+			s.settle(ctx, r)
+		}
+	})
 }
 
 // settle records what a schedule's firings did, and when it fires next.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -123,6 +124,27 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 // admit queues the job of a valid request of tenant, if the admission
 // accepts it and its id is new; at is its submission's time.
 func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request, at time.Time) (*job.SubmitReply, error) {
+	q, refused, err := d.admitted(ctx, tenant, req, at)
+	if err != nil || refused != nil {
+		return refused, err
+	}
+	_, err = d.jobs.Queue(ctx, q.rec, 0, q.hdr)
+	return d.queued(ctx, q, err)
+}
+
+// queueing is a request admitted, its job ready to be queued: the first
+// version of its record, the headers of that write, and the answer the
+// request gets once it is written.
+type queueing struct {
+	rec   *job.Record
+	hdr   nats.Header
+	reply *job.SubmitReply
+}
+
+// admitted admits a valid request of tenant and makes its job's first
+// version ready to be written; the answer instead when the request is
+// refused.
+func (d *Dispatcher) admitted(ctx context.Context, tenant string, req *job.Request, at time.Time) (*queueing, *job.SubmitReply, error) {
 	var err error
 	if req.ID == "" {
 		req.ID = job.NewID()
@@ -145,9 +167,10 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 		if err != nil {
 			var te errTransient
 			if errors.As(err, &te) {
-				return nil, err
+				return nil, nil, err
 			}
-			return d.reject(ctx, tenant, req.ID, req.Pool, err)
+			refused, err := d.reject(ctx, tenant, req.ID, req.Pool, err)
+			return nil, refused, err
 		}
 		warning = w
 	}
@@ -163,24 +186,34 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	}
 	k := queue.Key(rec)
 	if rec.Secrets, err = d.sealer.Seal(k, &submitted); err != nil {
-		return nil, fmt.Errorf("seal the request's secrets: %w", err)
+		return nil, nil, fmt.Errorf("seal the request's secrets: %w", err)
 	}
 	rec.Request = &submitted
 	if err := d.ensurePool(ctx, req.Pool); err != nil {
-		return nil, errTransient{err}
+		return nil, nil, errTransient{err}
 	}
 	if err := d.ensureQueue(ctx, req.Pool, queue.QueueKey{Priority: req.Priority, Tenant: tenant}); err != nil {
-		return nil, errTransient{err}
+		return nil, nil, errTransient{err}
 	}
 	reply := &job.SubmitReply{JobID: req.ID, Tenant: tenant, Pool: req.Pool, Priority: req.Priority,
 		State: job.StateQueued, Warning: warning}
 	hdr := nats.Header{}
 	telemetry.Propagator.Inject(ctx, queue.HeaderCarrier(hdr))
-	submission := submissionFrom(ctx)
-	if submission != "" {
+	if submission := submissionFrom(ctx); submission != "" {
 		hdr.Set(job.SubmissionHeader, submission)
 	}
-	_, err = d.jobs.Queue(ctx, rec, 0, hdr)
+	return &queueing{rec: rec, hdr: hdr, reply: reply}, nil, nil
+}
+
+// queued answers a request whose job's first version was written, or
+// not: err is that write's. The id taken is a duplicate, unless its
+// record is a rejection, which is replaced, or the job was queued by
+// this very submission (a copy of it, or its own write whose answer was
+// lost).
+func (d *Dispatcher) queued(ctx context.Context, q *queueing, err error) (*job.SubmitReply, error) {
+	rec, hdr, reply := q.rec, q.hdr, q.reply
+	k := queue.Key(rec)
+	submission := hdr.Get(job.SubmissionHeader)
 	if errors.Is(err, queue.ErrExists) {
 		old, oldRev, gerr := d.jobs.Latest(ctx, k)
 		switch {
@@ -207,7 +240,7 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	if err != nil {
 		return nil, errTransient{err}
 	}
-	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
+	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", rec.Pool))))
 	return reply, nil
 }
 
@@ -385,4 +418,146 @@ func (d *Dispatcher) isJobAck(subject string) bool {
 	}
 	_, _, queue := d.names.ParseQueueConsumer(consumer)
 	return queue || consumer == d.names.PoolConsumer(pool)
+}
+
+// batched is one request of a batch (see submitBatch), and its answer.
+type batched struct {
+	ctx    context.Context
+	tenant string
+	req    *job.Request
+	reply  *job.SubmitReply
+	err    error
+
+	// index is its place in the batch.
+	index int
+	q     *queueing
+	fut   jetstream.PubAckFuture
+	start time.Time
+	span  trace.Span
+}
+
+// batchAdmitters bounds the admissions of a batch made side by side: an
+// admission that waits (for a pool's first worker, say) holds only its
+// own.
+const batchAdmitters = 8
+
+// submitBatch is submitValid of many requests at once: each is admitted
+// as it would be alone and its job's first version sent without waiting
+// for its answer, while the answers are read as they come, so that the
+// writes share the connection's and the stream's. A write not answered
+// within firstBatchWrite of its sending, or that failed, is made again
+// alone, as submitValid makes it: each request gets the answer submitValid
+// would give it, handed to answered (called from one goroutine, in the
+// order the requests were sent) before submitBatch returns. Each request
+// carries a submission token of its own, so that a write stored whose
+// answer was lost is known as its own.
+func (d *Dispatcher) submitBatch(subs []*batched, answered func(*batched)) {
+	sent := make(chan *batched, len(subs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(batchAdmitters, len(subs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(len(subs)); i = next.Add(1) - 1 {
+				subs[i].index = int(i)
+				d.sendBatched(subs[i])
+				sent <- subs[i]
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(sent)
+	}()
+	t := time.NewTimer(firstBatchWrite)
+	t.Stop()
+	for b := range sent {
+		if b.fut != nil {
+			err := d.awaitBatched(b, t)
+			if err != nil && b.ctx.Err() == nil {
+				// Made again alone, with its retries.
+				_, err = d.jobs.Queue(b.ctx, b.q.rec, 0, b.q.hdr)
+			}
+			b.reply, b.err = d.queued(b.ctx, b.q, err)
+			d.endBatched(b)
+		}
+		answered(b)
+	}
+}
+
+// awaitBatched waits for the answer of a batched write, until
+// firstBatchWrite after it was sent; t is the batch's timer, stopped.
+func (d *Dispatcher) awaitBatched(b *batched, t *time.Timer) error {
+	select {
+	case <-b.fut.Ok():
+		return nil
+	case err := <-b.fut.Err():
+		return err
+	default:
+	}
+	t.Reset(time.Until(b.start.Add(firstBatchWrite)))
+	defer t.Stop()
+	select {
+	case <-b.fut.Ok():
+		return nil
+	case err := <-b.fut.Err():
+		return err
+	case <-t.C:
+		return jetstream.ErrAsyncPublishTimeout
+	case <-b.ctx.Done():
+		return b.ctx.Err()
+	}
+}
+
+// firstBatchWrite is how long a batch waits for the answers of its writes
+// before it makes the ones not answered again alone: as long as the first
+// try of a write alone waits for its own.
+const firstBatchWrite = 500 * time.Millisecond
+
+// sendBatched admits one request of a batch and sends its job's first
+// version; a request refused, or whose write could not be sent, has its
+// answer at once.
+func (d *Dispatcher) sendBatched(b *batched) {
+	b.start = time.Now()
+	b.ctx, b.span = telemetry.Tracer().Start(b.ctx, "fleet.submit", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("fleet.tenant", b.tenant)))
+	ctx := withSubmission(b.ctx, job.NewID())
+	if !job.ValidTenant(b.tenant) {
+		b.reply, b.err = d.accept(ctx, b.tenant, nil, b.start)
+		d.endBatched(b)
+		return
+	}
+	var refused *job.SubmitReply
+	b.q, refused, b.err = d.admitted(ctx, b.tenant, b.req, b.start)
+	if b.err != nil || refused != nil {
+		b.reply = refused
+		d.endBatched(b)
+		return
+	}
+	if b.fut, b.err = d.jobs.QueueAsync(b.q.rec, b.q.hdr); b.err != nil {
+		b.fut, b.err = nil, nil
+		_, err := d.jobs.Queue(ctx, b.q.rec, 0, b.q.hdr)
+		b.reply, b.err = d.queued(ctx, b.q, err)
+		d.endBatched(b)
+	}
+}
+
+// endBatched ends a batched request's span and counts it, as run does.
+func (d *Dispatcher) endBatched(b *batched) {
+	if b.err != nil {
+		b.err = fmt.Errorf("submit: %w", b.err)
+	}
+	switch {
+	case b.err != nil:
+		b.span.RecordError(b.err)
+		b.span.SetStatus(codes.Error, "submission failed")
+	case b.reply.Rejected():
+		b.span.SetStatus(codes.Error, "rejected")
+		d.m.rejected.Add(b.ctx, 1)
+	default:
+		b.span.SetAttributes(attribute.String("fleet.job.id", b.reply.JobID), attribute.Bool("fleet.duplicate", b.reply.Duplicate))
+	}
+	d.m.latency.Record(b.ctx, time.Since(b.start).Seconds())
+	b.span.End()
 }

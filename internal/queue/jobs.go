@@ -87,6 +87,28 @@ func (j *Jobs) Queue(ctx context.Context, rec *job.Record, rev uint64, hdr nats.
 	return j.write(ctx, rec, rev, ErrExists, hdr)
 }
 
+// QueueAsync sends the first version of a job's record as Queue does,
+// with headers hdr, and returns without waiting for its answer: the
+// future says whether it was stored. Many sent at once share the
+// connection's writes and the stream's. A write that fails, or whose
+// answer does not come, is Queue's to make again: its compare-and-set on
+// "no record yet" then finds the job queued if this one was stored after
+// all, which the submission's token in hdr tells from another's.
+func (j *Jobs) QueueAsync(rec *job.Record, hdr nats.Header) (jetstream.PubAckFuture, error) {
+	m, err := j.Msg(rec, 0)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	f, err := j.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil, fmt.Errorf("write record of job %s: %w", rec.ID, err)
+	}
+	return f, nil
+}
+
 // Write stores a later version of a job's record if the job's last
 // version is still at revision rev (its stream sequence), and returns the
 // new revision; ErrConflict if it is not. A final record goes on the
