@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -28,9 +30,9 @@ import (
 // SIGKILL, the firings resume within it and a second.
 const DefaultScheduleLease = 3 * time.Second
 
-// scheduleFiresAtOnce bounds the firings being made at once, and the
-// recordings of what they did; schedulePreparesAtOnce the firings being
-// made ready before their time.
+// scheduleFiresAtOnce bounds the schedules whose firings are made one
+// schedule at a time (see fireDue: most are made in one batch);
+// schedulePreparesAtOnce the firings being made ready before their time.
 const (
 	scheduleFiresAtOnce    = 64
 	schedulePreparesAtOnce = 16
@@ -189,11 +191,14 @@ func (s *scheduler) lead(ctx context.Context) error {
 		cancel(errFeedEnded)
 	}()
 	for range scheduleFiresAtOnce {
-		s.fires.Add(2)
+		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
 			s.firing(ctx)
 		}()
+	}
+	for range recorders {
+		s.fires.Add(1)
 		go func() {
 			defer s.fires.Done()
 			s.recording(ctx)
@@ -227,13 +232,34 @@ func (s *scheduler) firing(ctx context.Context) {
 	}
 }
 
-// recording records what the firings did until ctx ends.
+// recorders is how many goroutines record what the firings did, each a
+// batch of up to recordBatch at a time.
+const (
+	recorders   = 4
+	recordBatch = 1024
+)
+
+// recording records what the firings did until ctx ends: what is there
+// to record once the firings due are made (at most recordAfter later), in
+// one batch.
 func (s *scheduler) recording(ctx context.Context) {
+	batch := make([]*fired, 0, 64)
 	for {
 		select {
 		case r := <-s.fired:
 			s.making.wait(ctx, recordAfter)
-			s.settle(ctx, r)
+			batch = append(batch[:0], r)
+		more:
+			for len(batch) < recordBatch {
+				select {
+				case r := <-s.fired:
+					batch = append(batch, r)
+				default:
+					break more
+				}
+			}
+			s.settleAll(ctx, batch)
+			clear(batch)
 		case <-ctx.Done():
 			return
 		}
@@ -578,14 +604,83 @@ func (s *scheduler) fireBatch(ctx context.Context, rs []*fired) {
 
 // settle records what a schedule's firings did, and when it fires next.
 func (s *scheduler) settle(ctx context.Context, r *fired) {
-	e, sc, st, rev, now, failed := r.e, r.sc, r.st, r.rev, r.now, r.failed
-	s.mu.Lock()
-	gone := s.entries[sc.Tenant+"."+sc.Name] != e
-	s.mu.Unlock()
-	if r.changed && !gone {
-		rev = s.writeState(ctx, sc, &st, rev)
+	rev := r.rev
+	if r.changed && !s.gone(r) {
+		rev = s.writeState(ctx, r.sc, &r.st, rev)
 	}
+	s.settled(r, rev)
+}
 
+// gone reports whether the schedule of r was deleted, or made again,
+// since it fired.
+func (s *scheduler) gone(r *fired) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entries[r.sc.Tenant+"."+r.sc.Name] != r.e
+}
+
+// recordWait is how long settleAll waits for the answers of its writes
+// before it makes the ones not answered again alone.
+const recordWait = 500 * time.Millisecond
+
+// settleAll is settle of many firings at once: their states' writes (each
+// a compare-and-set on the revision last read or written, as writeState
+// makes it) are sent without waiting for each answer, and the answers
+// read after. A write refused or not answered is made again alone by
+// writeState, which reads back the state another dispatcher wrote.
+func (s *scheduler) settleAll(ctx context.Context, rs []*fired) {
+	futs := make([]jetstream.PubAckFuture, len(rs))
+	write := make([]bool, len(rs))
+	for i, r := range rs {
+		if write[i] = r.changed && !s.gone(r); !write[i] {
+			continue
+		}
+		data, err := json.Marshal(&r.st)
+		if err != nil {
+			continue
+		}
+		m := nats.NewMsg("$KV." + s.kv.Bucket() + "." + stateKey(r.sc.Tenant, r.sc.Name))
+		m.Data = data
+		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(r.rev, 10))
+		futs[i], _ = s.d.js.PublishMsgAsync(m)
+	}
+	t := time.NewTimer(recordWait)
+	defer t.Stop()
+	expired := false
+	for i, r := range rs {
+		rev := r.rev
+		if write[i] {
+			ok := false
+			if f := futs[i]; f != nil {
+				if !expired {
+					select {
+					case ack := <-f.Ok():
+						rev, ok = ack.Sequence, true
+					case <-f.Err():
+					case <-t.C:
+						expired = true
+					case <-ctx.Done():
+					}
+				} else {
+					select {
+					case ack := <-f.Ok():
+						rev, ok = ack.Sequence, true
+					default:
+					}
+				}
+			}
+			if !ok {
+				rev = s.writeState(ctx, r.sc, &r.st, r.rev)
+			}
+		}
+		s.settled(r, rev)
+	}
+}
+
+// settled takes in what the firings of r did, recorded at revision rev,
+// and when its schedule fires next.
+func (s *scheduler) settled(r *fired, rev uint64) {
+	e, sc, st, now, failed := r.e, r.sc, r.st, r.now, r.failed
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.poke()
