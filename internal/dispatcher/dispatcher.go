@@ -21,6 +21,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
@@ -530,6 +531,11 @@ type metrics struct {
 	// queueMoves counts the consumers the placer moved to their stream's
 	// leader.
 	queueMoves metric.Int64Counter
+}
+
+// countSubmitted counts a job submitted to pool.
+func (x *metrics) countSubmitted(ctx context.Context, pool string) {
+	x.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", pool))))
 }
 
 func newMetrics(m metric.Meter) metrics {

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -207,7 +206,7 @@ func (d *Dispatcher) admit(ctx context.Context, tenant string, req *job.Request,
 	if err != nil {
 		return nil, errTransient{err}
 	}
-	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", req.Pool))))
+	d.m.countSubmitted(ctx, req.Pool)
 	return reply, nil
 }
 

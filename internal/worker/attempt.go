@@ -151,10 +151,7 @@ func (d *delivery) receive() (context.Context, *situation) {
 		return fail(fmt.Errorf("%s is not the subject of a job of pool %s", d.msg.Subject(), w.cfg.Pool))
 	}
 	d.key, d.id = k, k.ID
-	d.log = w.log.With("job_id", d.id)
-	if k.Tenant != job.DefaultTenant {
-		d.log = d.log.With("tenant", k.Tenant)
-	}
+	d.logJob()
 	queued, err := decodeQueued(d.msg.Data(), k)
 	if err == nil {
 		err = w.sealer.Open(k, queued.Request, queued.Secrets)
@@ -201,15 +198,28 @@ func (d *delivery) receive() (context.Context, *situation) {
 	}
 	s = d.situation()
 	d.n = s.attemptOf()
-	d.log = d.log.With("attempt", d.n)
-	if d.traceID != "" {
-		d.log = d.log.With("trace_id", d.traceID)
-	}
+	d.logAttempt()
 	ctx, d.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("fleet.job.id", d.id), attribute.String("fleet.tenant", k.Tenant),
 			attribute.String("fleet.pool", w.cfg.Pool), attribute.Int("fleet.attempt", d.n), attribute.String("fleet.worker.id", w.cfg.ID)))
 	d.ctx = trace.ContextWithSpan(d.ctx, d.span)
 	return ctx, s
+}
+
+// logJob gives the delivery's log lines the job's id and tenant.
+func (d *delivery) logJob() {
+	d.log = d.w.log.With("job_id", d.id)
+	if d.key.Tenant != job.DefaultTenant {
+		d.log = d.log.With("tenant", d.key.Tenant)
+	}
+}
+
+// logAttempt gives the delivery's log lines its attempt and trace.
+func (d *delivery) logAttempt() {
+	d.log = d.log.With("attempt", d.n)
+	if d.traceID != "" {
+		d.log = d.log.With("trace_id", d.traceID)
+	}
 }
 
 // decodeQueued reads a job message: the version of the job's record that

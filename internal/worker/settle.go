@@ -286,8 +286,13 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 	if res.Status != job.StatusSucceeded && d.span != nil {
 		d.span.SetStatus(codes.Error, string(res.Status))
 	}
-	d.log.Info("job finished", "status", res.Status, "attempts", res.Attempts)
+	d.logFinished(res)
 	return dead, nil
+}
+
+// logFinished logs the end of the job.
+func (d *delivery) logFinished(res *job.Result) {
+	d.log.Info("job finished", "status", res.Status, "attempts", res.Attempts)
 }
 
 // requeue records that the job returns to the pool without this delivery
