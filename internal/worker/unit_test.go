@@ -57,6 +57,22 @@ func TestSlotsNeverHandOutMoreThanThereAre(t *testing.T) {
 	if n := <-done; n != 1 {
 		t.Fatalf("took %d after one release", n)
 	}
+	// One release wakes every waiter.
+	for range 2 {
+		go func() { n, _ := s.acquireAll(ctx, 1); done <- n }()
+	}
+	time.Sleep(20 * time.Millisecond)
+	s.release(2)
+	for range 2 {
+		select {
+		case n := <-done:
+			if n != 1 {
+				t.Fatalf("a waiter took %d after a release of 2, want 1", n)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a release of 2 woke one of two waiters")
+		}
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := s.acquireAll(cctx, 1); err == nil {
