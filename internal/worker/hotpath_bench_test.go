@@ -29,7 +29,7 @@ func BenchmarkDeliveryLog(b *testing.B) {
 			res := &job.Result{Status: job.StatusSucceeded, Attempts: 1}
 			b.ReportAllocs()
 			for b.Loop() {
-				d := &delivery{w: w, log: w.log, id: "bench-job", key: queue.JobKey{Tenant: "acme", Pool: "default", ID: "bench-job"},
+				d := &delivery{w: w, id: "bench-job", key: queue.JobKey{Tenant: "acme", Pool: "default", ID: "bench-job"},
 					n: 1, traceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
 				d.logJob()
 				d.logAttempt()
