@@ -21,6 +21,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/fleet-dev/fleet/internal/artifact"
@@ -530,10 +531,19 @@ type metrics struct {
 	// queueMoves counts the consumers the placer moved to their stream's
 	// leader.
 	queueMoves metric.Int64Counter
+	// byPool are the attribute sets of the pools' submissions.
+	byPool *telemetry.Options[string]
+}
+
+// countSubmitted counts a job submitted to pool.
+func (x *metrics) countSubmitted(ctx context.Context, pool string) {
+	x.submitted.Add(ctx, 1, x.byPool.Get(pool))
 }
 
 func newMetrics(m metric.Meter) metrics {
-	var x metrics
+	x := metrics{byPool: telemetry.NewOptions(telemetry.OptionsLimit, func(pool string) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", pool)))
+	})}
 	x.submitted, _ = m.Int64Counter("fleet.dispatcher.jobs.submitted", metric.WithDescription("Requests accepted as jobs, by pool"))
 	x.rejected, _ = m.Int64Counter("fleet.dispatcher.jobs.rejected", metric.WithDescription("Requests rejected, by reason"))
 	x.latency, _ = m.Float64Histogram("fleet.dispatcher.submit.duration", metric.WithUnit("s"),

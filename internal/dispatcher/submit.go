@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -240,7 +239,7 @@ func (d *Dispatcher) queued(ctx context.Context, q *queueing, err error) (*job.S
 	if err != nil {
 		return nil, errTransient{err}
 	}
-	d.m.submitted.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(attribute.String("pool", rec.Pool))))
+	d.m.countSubmitted(ctx, rec.Pool)
 	return reply, nil
 }
 

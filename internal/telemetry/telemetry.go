@@ -9,6 +9,8 @@ package telemetry
 
 import (
 	"context"
+	"reflect"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
@@ -20,10 +22,33 @@ import (
 // ScopeName is the instrumentation scope of every span and instrument.
 const ScopeName = "github.com/fleet-dev/fleet"
 
-// Tracer returns the fleet's tracer from the global provider.
-func Tracer() trace.Tracer { return otel.Tracer(ScopeName) }
+// Tracer returns the fleet's tracer from the global provider. It is
+// asked for on every submission and attempt: the tracer is kept with the
+// provider it came from, and asked for again only when the global provider
+// is another (otel.Tracer takes the provider's lock each time).
+func Tracer() trace.Tracer {
+	tp := otel.GetTracerProvider()
+	if c := tracer.Load(); c != nil && c.comparable && c.tp == tp {
+		return c.t
+	}
+	t := tp.Tracer(ScopeName)
+	tracer.Store(&providerTracer{tp: tp, t: t, comparable: reflect.TypeOf(tp).Comparable()})
+	return t
+}
 
-// Meter returns the fleet's meter from the global provider.
+// providerTracer is the fleet's tracer and the provider it came from.
+// comparable is false for a provider whose type cannot be compared with
+// ==: its tracer is then asked for each time.
+type providerTracer struct {
+	tp         trace.TracerProvider
+	t          trace.Tracer
+	comparable bool
+}
+
+var tracer atomic.Pointer[providerTracer]
+
+// Meter returns the fleet's meter from the global provider. Components
+// ask for it once, as they build their instruments, not per job.
 func Meter() metric.Meter { return otel.Meter(ScopeName) }
 
 // Propagator carries W3C trace context in message headers.

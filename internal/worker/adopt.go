@@ -59,7 +59,7 @@ func (d *delivery) preferPeer(ctx context.Context, s *situation) {
 // started its attempt; the message comes back after the action's delay.
 // A record that cannot be written is left: the next delivery tries again.
 func (d *delivery) awaitOwner(ctx context.Context, act action) {
-	d.log.Info("waiting for the worker that runs the attempt", "why", act.why, "for", act.delay)
+	d.log().Info("waiting for the worker that runs the attempt", "why", act.why, "for", act.delay)
 	if d.rec.AwaitingSince != nil {
 		return
 	}
@@ -69,7 +69,7 @@ func (d *delivery) awaitOwner(ctx context.Context, act action) {
 		rec.Event, rec.Phase, rec.Message = job.EventHeartbeat, job.PhaseAwaitingOwner, act.why
 	})
 	if err != nil {
-		d.log.Warn("could not note the wait for the attempt's worker", "err", err)
+		d.log().Warn("could not note the wait for the attempt's worker", "err", err)
 	}
 }
 
@@ -82,7 +82,7 @@ func (d *delivery) leaveRunning(act action) {
 		e.Phase = job.PhaseHandedOff
 		e.Message = fmt.Sprintf("worker %s stopped; attempt %d runs on, for the next worker to adopt", w.cfg.ID, d.n)
 	})
-	d.log.Info("attempt left running for adoption", "why", act.why)
+	d.log().Info("attempt left running for adoption", "why", act.why)
 }
 
 // adoptable reports, for Recover at start, whether an attempt that an

@@ -45,13 +45,13 @@ func (d *delivery) closeArtifacts(ctx context.Context, out *executor.Outcome, re
 	}
 	if requeued {
 		if err := d.arts.AbortLog(ctx); err != nil {
-			d.log.Warn("the log of the handed-back attempt was not dropped", "err", err)
+			d.log().Warn("the log of the handed-back attempt was not dropped", "err", err)
 		}
 		return
 	}
 	info, err := d.arts.CloseLog(ctx)
 	if err != nil {
-		d.log.Warn("the attempt's log was not stored whole", "err", err)
+		d.log().Warn("the attempt's log was not stored whole", "err", err)
 	}
 	if out != nil {
 		out.Log = info

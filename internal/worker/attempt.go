@@ -29,19 +29,26 @@ import (
 // place that writes the record, publishes events and results, and
 // acknowledges, naks or terminates the message.
 type delivery struct {
-	w         *Worker
-	msg       jetstream.Msg
-	log       *slog.Logger
-	key       queue.JobKey // the job's tenant, pool and id
-	id        string
-	n         int // the attempt number this delivery runs or settles, from 1
-	delivered int // deliveries of the message, this one included
-	req       *job.Request
-	rec       *job.Record // the record as last read or written
-	rev       uint64      // and its revision
-	sub       time.Time   // submission time
-	span      trace.Span
-	traceID   string // from the job message
+	w   *Worker
+	msg jetstream.Msg
+	// What the delivery's log lines carry beside the worker's attributes,
+	// as it became known (see log): the job (its id and tenant) once
+	// keyed, the attempt (with the trace) once logged is set, and the
+	// adopted attempt once logAdopted is. Kept as fields, the attributes
+	// cost nothing until a line is written.
+	keyed      bool
+	logged     int // the attempt
+	logAdopted int
+	key        queue.JobKey // the job's tenant, pool and id
+	id         string
+	n          int // the attempt number this delivery runs or settles, from 1
+	delivered  int // deliveries of the message, this one included
+	req        *job.Request
+	rec        *job.Record // the record as last read or written
+	rev        uint64      // and its revision
+	sub        time.Time   // submission time
+	span       trace.Span
+	traceID    string // from the job message
 
 	ctx    context.Context // the attempt's own: cancelled to stop it
 	cancel context.CancelCauseFunc
@@ -74,10 +81,10 @@ var errSuperseded = errors.New("a later attempt took the job over")
 // acknowledged, handed back, scheduled again, or left for redelivery.
 func (w *Worker) handle(msg jetstream.Msg) {
 	defer w.attempts.Done()
-	d := &delivery{w: w, msg: msg, log: w.log}
+	d := &delivery{w: w, msg: msg}
 	defer d.freeSlot()
 	if err := d.handle(); err != nil {
-		d.log.Error("job handling failed; it will be redelivered", "err", err)
+		d.log().Error("job handling failed; it will be redelivered", "err", err)
 	}
 }
 
@@ -89,7 +96,7 @@ func (d *delivery) handle() error {
 	if s == nil {
 		// Redelivered while still running here (progress acks were lost):
 		// the running attempt settles the message.
-		d.log.Warn("job redelivered while running on this worker; ignoring the copy")
+		d.log().Warn("job redelivered while running on this worker; ignoring the copy")
 		return nil
 	}
 	defer d.unregister()
@@ -125,7 +132,7 @@ func (d *delivery) cleanup(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if err := c.Cleanup(ctx, d.task()); err != nil {
-		d.log.Warn("could not clean up after the attempt; this worker's next start, or a peer's, will", "err", err)
+		d.log().Warn("could not clean up after the attempt; this worker's next start, or a peer's, will", "err", err)
 	}
 }
 
@@ -151,10 +158,7 @@ func (d *delivery) receive() (context.Context, *situation) {
 		return fail(fmt.Errorf("%s is not the subject of a job of pool %s", d.msg.Subject(), w.cfg.Pool))
 	}
 	d.key, d.id = k, k.ID
-	d.log = w.log.With("job_id", d.id)
-	if k.Tenant != job.DefaultTenant {
-		d.log = d.log.With("tenant", k.Tenant)
-	}
+	d.logJob()
 	queued, err := decodeQueued(d.msg.Data(), k)
 	if err == nil {
 		err = w.sealer.Open(k, queued.Request, queued.Secrets)
@@ -201,15 +205,51 @@ func (d *delivery) receive() (context.Context, *situation) {
 	}
 	s = d.situation()
 	d.n = s.attemptOf()
-	d.log = d.log.With("attempt", d.n)
-	if d.traceID != "" {
-		d.log = d.log.With("trace_id", d.traceID)
-	}
+	d.logAttempt()
 	ctx, d.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("fleet.job.id", d.id), attribute.String("fleet.tenant", k.Tenant),
 			attribute.String("fleet.pool", w.cfg.Pool), attribute.Int("fleet.attempt", d.n), attribute.String("fleet.worker.id", w.cfg.ID)))
 	d.ctx = trace.ContextWithSpan(d.ctx, d.span)
 	return ctx, s
+}
+
+// logJob gives the delivery's log lines the job's id and tenant.
+func (d *delivery) logJob() { d.keyed = true }
+
+// logAttempt gives the delivery's log lines its attempt and trace.
+func (d *delivery) logAttempt() { d.logged = d.n }
+
+// log is the worker's logger with the delivery's attributes. It builds
+// one (a handler of its own) each time: call it for a line that is
+// written, or see logAttrs.
+func (d *delivery) log() *slog.Logger {
+	if !d.keyed {
+		return d.w.log
+	}
+	return d.w.log.With(d.logAttrs(nil)...)
+}
+
+// logAttrs appends the delivery's log attributes to args, in the order
+// log lines carry them: job_id, tenant (but the default), attempt,
+// trace_id (when the job has a trace), adopted_attempt.
+func (d *delivery) logAttrs(args []any) []any {
+	if !d.keyed {
+		return args
+	}
+	args = append(args, "job_id", d.id)
+	if d.key.Tenant != job.DefaultTenant {
+		args = append(args, "tenant", d.key.Tenant)
+	}
+	if d.logged != 0 {
+		args = append(args, "attempt", d.logged)
+		if d.traceID != "" {
+			args = append(args, "trace_id", d.traceID)
+		}
+	}
+	if d.logAdopted != 0 {
+		args = append(args, "adopted_attempt", d.logAdopted)
+	}
+	return args
 }
 
 // decodeQueued reads a job message: the version of the job's record that
@@ -271,7 +311,7 @@ func (d *delivery) decide(ctx context.Context, s *situation) action {
 			if errors.Is(err, capacity.ErrUnavailable) {
 				level = slog.LevelDebug // the ledger logged the outage once
 			}
-			d.log.Log(ctx, level, "cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
+			d.log().Log(ctx, level, "cannot tell whether the job's worker still runs it", "worker", s.rec.WorkerID, "err", err)
 		}
 		s.ownerRuns = runs
 	}
@@ -445,7 +485,7 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 		s.noCapacity = err.Error()
 		return decide(s), false
 	case err != nil:
-		d.log.Warn("capacity reservation failed; running on local accounting", "err", err)
+		d.log().Warn("capacity reservation failed; running on local accounting", "err", err)
 	}
 	d.lease = &l
 	return action{}, true
@@ -478,7 +518,7 @@ func (d *delivery) releaseLease() {
 	l := *d.lease
 	d.lease = nil
 	if err := d.w.cfg.Capacity.Release(context.WithoutCancel(d.w.settling), l); err != nil {
-		d.log.Warn("capacity release failed", "err", err)
+		d.log().Warn("capacity release failed", "err", err)
 	}
 }
 

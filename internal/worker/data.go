@@ -37,7 +37,7 @@ func (d *delivery) dropData(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if err := k.RemoveData(ctx, executor.TenantKey(d.key.Tenant), d.id); err != nil {
-		d.log.Warn("could not remove the job's data directory; the next sweep will", "err", err)
+		d.log().Warn("could not remove the job's data directory; the next sweep will", "err", err)
 	}
 }
 

@@ -2,11 +2,11 @@ package worker
 
 import (
 	"context"
-	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -31,7 +31,7 @@ type metrics struct {
 	wait     metric.Float64Histogram
 	// tenantWait is wait by tenant and priority, with their sets kept.
 	tenantWait  metric.Float64Histogram
-	tenantAttrs sync.Map // tenantPriority → metric.MeasurementOption
+	tenantAttrs *telemetry.Options[tenantPriority]
 	pool        attribute.KeyValue
 	poolAttrs   metric.MeasurementOption
 	status      map[job.Status]metric.MeasurementOption
@@ -58,14 +58,10 @@ type tenantPriority struct {
 }
 
 // byTenant is the attribute set of a tenant's jobs at a priority.
+// Tenants are as many as a fleet's users make: past telemetry.OptionsLimit
+// of them, a set is built per measurement.
 func (x *metrics) byTenant(tenant string, p int) metric.MeasurementOption {
-	k := tenantPriority{tenant, p}
-	if o, ok := x.tenantAttrs.Load(k); ok {
-		return o.(metric.MeasurementOption)
-	}
-	o := metric.WithAttributeSet(attribute.NewSet(x.pool, attribute.String("tenant", tenant), attribute.Int("priority", p)))
-	x.tenantAttrs.Store(k, o)
-	return o
+	return x.tenantAttrs.Get(tenantPriority{tenant, p})
 }
 
 func newMetrics(m metric.Meter, w *Worker) *metrics {
@@ -76,6 +72,9 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 		status:    map[job.Status]metric.MeasurementOption{},
 		class:     map[job.FailureClass]metric.MeasurementOption{},
 	}
+	x.tenantAttrs = telemetry.NewOptions(telemetry.OptionsLimit, func(k tenantPriority) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("tenant", k.tenant), attribute.Int("priority", k.priority)))
+	})
 	for _, s := range []job.Status{job.StatusSucceeded, job.StatusFailed, job.StatusTimedOut, job.StatusCancelled} {
 		x.status[s] = metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("status", string(s))))
 	}

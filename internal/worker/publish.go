@@ -15,7 +15,7 @@ import (
 func (d *delivery) deadLetter(f *job.Failure, attempts int) pending {
 	p, err := d.w.journal.DeadLetter(d.key, d.msg.Data(), f, attempts)
 	if err != nil {
-		d.log.Warn("dead letter not published", "err", err)
+		d.log().Warn("dead letter not published", "err", err)
 		return nil
 	}
 	return p
@@ -29,7 +29,7 @@ func (d *delivery) notice(t job.EventType, fill func(*job.Event)) {
 		fill(e)
 	}
 	if err := d.w.journal.Notice(e); err != nil {
-		d.log.Warn("event not published", "type", t, "err", err)
+		d.log().Warn("event not published", "type", t, "err", err)
 	}
 }
 

@@ -25,7 +25,7 @@ func (d *delivery) progress() (stop func()) {
 		defer wg.Done()
 		lifecycle.Tick(ctx, d.w.cfg.Progress, func(context.Context) {
 			if err := d.msg.InProgress(); err != nil {
-				d.log.Warn("progress ack failed", "err", err)
+				d.log().Warn("progress ack failed", "err", err)
 			}
 			// Every UsageInterval the heartbeat carries what the attempt
 			// uses, when the executor can read it.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -31,7 +32,7 @@ func (d *delivery) settle(ctx context.Context, act action) error {
 	defer d.holdOn()()
 	err := d.carryOut(ctx, act)
 	if errors.Is(err, errSuperseded) {
-		d.log.Warn("a later attempt took the job over; leaving it", "attempt", d.n)
+		d.log().Warn("a later attempt took the job over; leaving it", "attempt", d.n)
 		return nil
 	}
 	return err
@@ -45,7 +46,7 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 		return d.takeOver(ctx, act)
 	case doLater:
 		if act.why != "" {
-			d.log.Info("leaving the job for now", "why", act.why, "for", act.delay)
+			d.log().Info("leaving the job for now", "why", act.why, "for", act.delay)
 		}
 		return d.msg.NakWithDelay(cmp.Or(act.delay, laterDelay))
 	case doRefuse:
@@ -197,9 +198,9 @@ func (d *delivery) takeOver(ctx context.Context, act action) error {
 	if err != nil {
 		return err
 	}
-	d.log = d.log.With("adopted_attempt", d.n)
+	d.logAdopted = d.n
 	d.started = cmp.Or(f.StartedAt, time.Now())
-	d.log.Info("attempt adopted", "from", owner, "handle", f.Handle, "standing", f.Standing)
+	d.log().Info("attempt adopted", "from", owner, "handle", f.Handle, "standing", f.Standing)
 	return nil
 }
 
@@ -225,7 +226,7 @@ func (d *delivery) retry(ctx context.Context, act action) error {
 		return err
 	}
 	w.m.retries.Add(ctx, 1, w.m.byClass(out.Failure.Class))
-	d.log.Info("attempt failed; retry scheduled", "class", out.Failure.Class, "delay", act.delay)
+	d.log().Info("attempt failed; retry scheduled", "class", out.Failure.Class, "delay", act.delay)
 	return nil
 }
 
@@ -286,8 +287,25 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 	if res.Status != job.StatusSucceeded && d.span != nil {
 		d.span.SetStatus(codes.Error, string(res.Status))
 	}
-	d.log.Info("job finished", "status", res.Status, "attempts", res.Attempts)
+	d.logFinished(res)
 	return dead, nil
+}
+
+// logFinished logs the end of the job: at Info when it did not succeed,
+// at Debug when it did (a line per job is a cost per job; what an
+// operator must see, a failure, is at Info). The line's attributes are
+// built only when it is written.
+func (d *delivery) logFinished(res *job.Result) {
+	level := slog.LevelInfo
+	if res.Status == job.StatusSucceeded {
+		level = slog.LevelDebug
+	}
+	ctx := context.Background()
+	if !d.w.log.Enabled(ctx, level) {
+		return
+	}
+	args := append(d.logAttrs(make([]any, 0, 14)), "status", res.Status, "attempts", res.Attempts)
+	d.w.log.Log(ctx, level, "job finished", args...)
 }
 
 // requeue records that the job returns to the pool without this delivery
@@ -308,7 +326,7 @@ func (d *delivery) requeue(ctx context.Context, act action) error {
 	if err != nil {
 		return err
 	}
-	d.log.Info("job requeued", "why", act.why)
+	d.log().Info("job requeued", "why", act.why)
 	return nil
 }
 
@@ -317,7 +335,7 @@ func (d *delivery) requeue(ctx context.Context, act action) error {
 // subject directly; if the message names a usable id, its producer gets a
 // failed result saying why.
 func (d *delivery) refuse(ctx context.Context, why string) error {
-	d.log.Warn("refusing malformed job message", "subject", d.msg.Subject(), "err", why)
+	d.log().Warn("refusing malformed job message", "subject", d.msg.Subject(), "err", why)
 	_, k, ok := d.w.names.ParsePoolJob(d.msg.Subject())
 	meta, err := d.msg.Metadata()
 	if ok && err == nil && k.Pool == d.w.cfg.Pool && job.ValidID(k.ID) && job.ValidTenant(k.Tenant) {
@@ -329,7 +347,7 @@ func (d *delivery) refuse(ctx context.Context, why string) error {
 			SubmittedAt: now, UpdatedAt: now, FinishedAt: &now, Failure: f, Message: why,
 			Result: &job.Result{JobID: k.ID, Pool: k.Pool, Status: job.StatusFailed, FinishedAt: now, Failure: f}}
 		if _, err := d.w.journal.WriteRecord(ctx, rec, meta.Sequence.Stream); err != nil {
-			d.log.Warn("the result of a malformed job message was not written", "err", err)
+			d.log().Warn("the result of a malformed job message was not written", "err", err)
 		}
 	}
 	return d.msg.TermWithReason("malformed request")

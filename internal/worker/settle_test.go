@@ -280,7 +280,7 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			w := testWorker(t, j, Config{})
 			req := &job.Request{ID: "j", Command: []string{"true"}}
 			key := queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: "j"}
-			d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), log: w.log, key: key, id: "j", n: c.n, req: req, rev: rev}
+			d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), key: key, id: "j", n: c.n, req: req, rev: rev}
 			d.rec, _, _ = j.Record(context.Background(), key)
 			d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
 			o.log = nil // the read above is the test's

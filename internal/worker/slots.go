@@ -12,12 +12,14 @@ type slots struct {
 	mu    sync.Mutex
 	total int
 	free  int
-	// wake is closed and replaced whenever slots are released.
+	// wake, made by the first waiter, is closed when slots are released
+	// and left nil until someone waits again: a release with nobody
+	// waiting costs no channel.
 	wake chan struct{}
 }
 
 func newSlots(n int) *slots {
-	return &slots{total: n, free: n, wake: make(chan struct{})}
+	return &slots{total: n, free: n}
 }
 
 // acquireAll waits until at least one slot is free, then takes every free
@@ -30,6 +32,9 @@ func (s *slots) acquireAll(ctx context.Context, max int) (int, error) {
 			s.free -= n
 			s.mu.Unlock()
 			return n, nil
+		}
+		if s.wake == nil {
+			s.wake = make(chan struct{})
 		}
 		wake := s.wake
 		s.mu.Unlock()
@@ -47,8 +52,10 @@ func (s *slots) release(n int) {
 	}
 	s.mu.Lock()
 	s.free += n
-	close(s.wake)
-	s.wake = make(chan struct{})
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
 	s.mu.Unlock()
 }
 

@@ -1,11 +1,15 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -57,6 +61,22 @@ func TestSlotsNeverHandOutMoreThanThereAre(t *testing.T) {
 	if n := <-done; n != 1 {
 		t.Fatalf("took %d after one release", n)
 	}
+	// One release wakes every waiter.
+	for range 2 {
+		go func() { n, _ := s.acquireAll(ctx, 1); done <- n }()
+	}
+	time.Sleep(20 * time.Millisecond)
+	s.release(2)
+	for range 2 {
+		select {
+		case n := <-done:
+			if n != 1 {
+				t.Fatalf("a waiter took %d after a release of 2, want 1", n)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a release of 2 woke one of two waiters")
+		}
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := s.acquireAll(cctx, 1); err == nil {
@@ -88,5 +108,38 @@ func TestSlotsNeverHandOutMoreThanThereAre(t *testing.T) {
 	wg.Wait()
 	if peak > 4 {
 		t.Errorf("%d slots held at once out of 4", peak)
+	}
+}
+
+func TestDeliveryLogLines(t *testing.T) {
+	var buf bytes.Buffer
+	h := slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}})
+	w := &Worker{log: slog.New(h).With("component", "worker")}
+	d := &delivery{w: w, id: "j", key: queue.JobKey{Tenant: "acme", Pool: "default", ID: "j"}, n: 2, traceID: "t1"}
+	d.log().Warn("unkeyed")
+	d.logJob()
+	d.logAttempt()
+	d.n, d.logAdopted = 3, 2 // the attempt logged is the one known when logAttempt was called
+	d.logFinished(&job.Result{Status: job.StatusSucceeded, Attempts: 2})
+	d.logFinished(&job.Result{Status: job.StatusFailed, Attempts: 2})
+	d.log().Warn("later", "err", "x")
+	want := `level=WARN msg=unkeyed component=worker
+level=INFO msg="job finished" component=worker job_id=j tenant=acme attempt=2 trace_id=t1 adopted_attempt=2 status=failed attempts=2
+level=WARN msg=later component=worker job_id=j tenant=acme attempt=2 trace_id=t1 adopted_attempt=2 err=x
+`
+	if buf.String() != want {
+		t.Errorf("log:\n%s\nwant:\n%s", buf.String(), want)
+	}
+	buf.Reset()
+	w.log = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	d.logFinished(&job.Result{Status: job.StatusSucceeded, Attempts: 1})
+	if !strings.Contains(buf.String(), `level=DEBUG msg="job finished"`) || !strings.Contains(buf.String(), "status=succeeded") {
+		t.Errorf("a succeeded job at debug: %q", buf.String())
 	}
 }
