@@ -323,8 +323,6 @@ type TenantShare struct {
 	// Usage is its running slots integrated over time and decayed with
 	// the pool's half-life, in slot-seconds.
 	Usage float64 `json:"usage_slot_seconds,omitempty"`
-	// OldestWait is how long its oldest job not yet delivered has waited.
-	OldestWait *Duration `json:"oldest_wait,omitempty"`
 }
 
 // SortShares orders tenants by name.

@@ -257,11 +257,7 @@ func (j *Jobs) Latest(ctx context.Context, k JobKey) (*job.Record, uint64, error
 // job k at priority, "" when it carries none or the job has no such
 // version.
 func (j *Jobs) Submission(ctx context.Context, k JobKey, priority int) (string, error) {
-	var m *nats.Msg
-	err := Retry(ctx, func(ctx context.Context) (err error) {
-		m, err = directLast(ctx, j.nc, j.names.PoolStreamV2(k.Pool), j.names.PoolJob(k.Pool, KindQueued(priority), k.Tenant, k.ID))
-		return err
-	}, nil)
+	m, err := j.lastOn(ctx, k.Pool, j.names.PoolJob(k.Pool, KindQueued(priority), k.Tenant, k.ID))
 	if err != nil {
 		return "", fmt.Errorf("read the submission of job %s: %w", k.ID, err)
 	}
@@ -276,11 +272,7 @@ func (j *Jobs) Submission(ctx context.Context, k JobKey, priority int) (string, 
 // version of kind r is final. A last version that names another job is
 // ignored, as by Latest. ErrNotFound when the job has no record.
 func (j *Jobs) LastState(ctx context.Context, k JobKey) (state job.State, final bool, err error) {
-	var m *nats.Msg
-	err = Retry(ctx, func(ctx context.Context) (err error) {
-		m, err = directLast(ctx, j.nc, j.names.PoolStreamV2(k.Pool), j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
-		return err
-	}, nil)
+	m, err := j.lastOn(ctx, k.Pool, j.names.PoolJobAll(k.Pool, k.Tenant, k.ID))
 	if err != nil {
 		return "", false, fmt.Errorf("read the state of job %s: %w", k.ID, err)
 	}
@@ -296,6 +288,17 @@ func (j *Jobs) LastState(ctx context.Context, k JobKey) (state job.State, final 
 		return "", false, fmt.Errorf("read the state of job %s: %w", k.ID, err)
 	}
 	return rec.State, rec.State.Final(), nil
+}
+
+// lastOn reads the last message on subject of pool's stream with a direct
+// get, tried again as Retry does; nil when there is none.
+func (j *Jobs) lastOn(ctx context.Context, pool, subject string) (*nats.Msg, error) {
+	var m *nats.Msg
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = directLast(ctx, j.nc, j.names.PoolStreamV2(pool), subject)
+		return err
+	}, nil)
+	return m, err
 }
 
 // last reads the last message on any of a job's subjects with one direct

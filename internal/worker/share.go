@@ -138,12 +138,6 @@ func (qs *queues) lowest() int64 {
 	return low
 }
 
-func (qs *queues) all() []*workQueue {
-	qs.mu.Lock()
-	defer qs.mu.Unlock()
-	return slices.Clone(qs.list)
-}
-
 // expectFor is how long after a dispatcher's word that a job is on its
 // way to a queue an empty pull from the queue is tried again.
 const expectFor = 500 * time.Millisecond
