@@ -40,6 +40,9 @@ type queueSet struct {
 	*queues
 	mu   sync.Mutex // binds one queue at a time
 	subs []*nats.Subscription
+	// binding are the queues heard of that a goroutine is binding to.
+	bindingMu sync.Mutex
+	binding   map[queue.QueueKey]bool
 	// nextList is when refreshQueues lists the queues again (its loop
 	// only reads and writes it).
 	nextList time.Time
@@ -394,11 +397,14 @@ func (w *Worker) heard(key queue.QueueKey, told bool) {
 		w.qs.ring(q)
 		return
 	}
-	// A queue new to this worker: bind to it beside the callbacks.
+	// A queue new to this worker: bind to it beside the callbacks, one
+	// goroutine a queue.
+	if !w.qs.startBinding(key) {
+		return
+	}
 	go func() {
-		ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
-		defer cancel()
-		q, err := w.bindQueue(ctx, key)
+		defer w.qs.endBinding(key)
+		q, err := w.bindHeard(key)
 		if err != nil {
 			w.log.Warn("cannot bind to a new queue; the next listing tries again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
 			return
@@ -411,6 +417,59 @@ func (w *Worker) heard(key queue.QueueKey, told bool) {
 		}
 		w.qs.ring(q)
 	}()
+}
+
+// bindTry bounds one try to bind to a queue heard of, bindFor all of
+// them, bindPause the wait between two: a JetStream API request lost in an
+// election (sent to a server that died, or while the cluster chose the
+// next leader) is never answered, and a try that waits for it longer
+// holds the queue's jobs that long after the election has ended (and,
+// while it holds qs.mu, every other bind).
+const (
+	bindTry   = 2 * time.Second
+	bindFor   = 30 * time.Second
+	bindPause = 250 * time.Millisecond
+)
+
+// bindHeard binds to a queue heard of, trying again as bindTry says until
+// bound, for bindFor at most, or until the pull stops.
+func (w *Worker) bindHeard(key queue.QueueKey) (*workQueue, error) {
+	give := time.Now().Add(bindFor)
+	for {
+		ctx, cancel := context.WithTimeout(w.pullCtx, bindTry)
+		q, err := w.bindQueue(ctx, key)
+		cancel()
+		if err == nil || w.pullCtx.Err() != nil || time.Now().After(give) {
+			return q, err
+		}
+		w.log.Debug("binding to a new queue; trying again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
+		select {
+		case <-time.After(bindPause):
+		case <-w.pullCtx.Done():
+			return nil, err
+		}
+	}
+}
+
+// startBinding reports whether a goroutine may bind to queue k: none is
+// binding to it yet; endBinding says it is done.
+func (qs *queueSet) startBinding(k queue.QueueKey) bool {
+	qs.bindingMu.Lock()
+	defer qs.bindingMu.Unlock()
+	if qs.binding[k] {
+		return false
+	}
+	if qs.binding == nil {
+		qs.binding = map[queue.QueueKey]bool{}
+	}
+	qs.binding[k] = true
+	return true
+}
+
+func (qs *queueSet) endBinding(k queue.QueueKey) {
+	qs.bindingMu.Lock()
+	defer qs.bindingMu.Unlock()
+	delete(qs.binding, k)
 }
 
 // refreshQueues lists the pool's queues again: new ones, and what waits
