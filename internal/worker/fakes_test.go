@@ -213,8 +213,7 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	}
 	cfg.Backend = "test"
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, journal: j,
-		running: map[string]*delivery{}}
+	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, journal: j}
 	w.m = newMetrics(noopMeter, w)
 	w.p = newProducer(w)
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))

@@ -218,10 +218,8 @@ type Worker struct {
 	background lifecycle.Group
 	stopOnce   sync.Once
 	stopErr    error
-	mu         sync.Mutex
-	running    map[string]*delivery
-	// byTenant is what the attempts running here hold, by tenant.
-	byTenant map[string]capacity.Holding
+	// runs are the deliveries running here.
+	runs     runningSet
 	draining atomic.Bool
 }
 
@@ -237,8 +235,7 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg: cfg, nc: nc, js: js, exec: exec, names: cfg.Queue.Names,
-		log:     cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
-		running: map[string]*delivery{}, byTenant: map[string]capacity.Holding{},
+		log: cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
 	w.p = newProducer(w)
@@ -392,38 +389,10 @@ func (w *Worker) recover(ctx context.Context) error {
 }
 
 // Running returns how many attempts are running.
-func (w *Worker) Running() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.running)
-}
-
-// hold counts h in what tenant runs here (sign 1), or no longer (-1).
-func (w *Worker) hold(tenant string, h capacity.Holding, sign int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.byTenant == nil {
-		w.byTenant = map[string]capacity.Holding{}
-	}
-	o := w.byTenant[tenant]
-	o = o.Add(capacity.Holding{Slots: sign * h.Slots, CPUMilli: sign * h.CPUMilli, MemoryBytes: sign * h.MemoryBytes, GPUs: sign * h.GPUs})
-	if o.Slots <= 0 {
-		delete(w.byTenant, tenant)
-		return
-	}
-	w.byTenant[tenant] = o
-}
+func (w *Worker) Running() int { return w.runs.len() }
 
 // holdings returns what the attempts running here hold, by tenant.
-func (w *Worker) holdings() map[string]capacity.Holding {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	own := make(map[string]capacity.Holding, len(w.byTenant))
-	for t, h := range w.byTenant {
-		own[t] = h
-	}
-	return own
-}
+func (w *Worker) holdings() map[string]capacity.Holding { return w.runs.holdings() }
 
 // deliver hands a message the producer pulled, in a slot of its own, to
 // a handler.
