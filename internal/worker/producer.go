@@ -148,8 +148,14 @@ func (p *producer) free() {
 	p.ended.fire()
 }
 
-// ran counts a slot that tenant held for d, ended now, in its usage.
+// ran counts a slot that tenant held for d, ended now, in its usage,
+// unless the worker's capacity keeps the pool's (the ledger, in Redis):
+// then the plan reads it there (see tenantView), and a tenant's usage is
+// kept once.
 func (p *producer) ran(tenant string, d time.Duration) {
+	if _, ok := p.cfg.Capacity.(capacity.Sharer); ok {
+		return
+	}
 	p.usage.add(tenant, d, p.policy.Load().HalfLifeOr(), time.Now())
 }
 

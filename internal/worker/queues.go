@@ -558,7 +558,7 @@ func (p *producer) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, n
 		if shares != nil && !shares.At.IsZero() {
 			o := shares.Tenants[t]
 			h = h.Add(o.Others)
-			u = usageSlots(decay(o.Usage, now.Sub(shares.At), hl), hl)
+			u = capacity.UsageSlots(capacity.Decay(o.Usage, now.Sub(shares.At), hl), hl)
 		} else {
 			u = p.usage.slots(t, hl, now)
 		}
