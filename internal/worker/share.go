@@ -305,4 +305,3 @@ func (u *usage) slots(tenant string, halfLife time.Duration, now time.Time) floa
 	}
 	return capacity.UsageSlots(capacity.Decay(v.slotSeconds, now.Sub(v.at), halfLife)*1000, halfLife)
 }
-

@@ -118,7 +118,6 @@ func (s *share) view(v *capacity.PoolView, own capacity.Totals) {
 	s.shares = sh
 }
 
-
 // quotaLocked says why the worker's own leases of the lease's tenant
 // leave no room for it in the tenant's quota, or "": the first check, and
 // the only one while Redis is away.
