@@ -193,6 +193,13 @@ func (p *producer) pull() {
 		if err != nil {
 			return
 		}
+		// Paused while the loop waited for slots: it asks for nothing
+		// until the pool is resumed (the wait above).
+		if p.pause.paused() {
+			p.slots.release(n)
+			<-fetches
+			continue
+		}
 		// Under load slots come back one at a time; wait a moment to ask
 		// for several in one pull request.
 		if n < maxBatch/4 {
