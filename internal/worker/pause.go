@@ -88,52 +88,52 @@ func (p *pauseState) waitResumed(ctx context.Context) bool {
 // readPause reads the pool's state: whether it is paused, and its
 // sharing policy. A fleet whose dispatchers predate the pools bucket has
 // no pauses: the worker keeps trying to open it, quietly.
-func (p *producer) readPause(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, max(p.cfg.PausePoll, time.Second))
+func (w *Worker) readPause(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.PausePoll, time.Second))
 	defer cancel()
-	kv, err := p.poolsBucket(ctx)
+	kv, err := w.poolsBucket(ctx)
 	if err != nil {
 		return
 	}
-	s, rev, err := queue.ReadPoolAt(ctx, kv, p.cfg.Pool)
+	s, rev, err := queue.ReadPoolAt(ctx, kv, w.cfg.Pool)
 	if err != nil {
-		p.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
+		w.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
 		return
 	}
-	p.setPool(s, rev)
+	w.setPool(s, rev)
 }
 
-func (p *producer) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	p.poolsMu.Lock()
-	defer p.poolsMu.Unlock()
-	if p.pools == nil {
-		kv, err := p.js.KeyValue(ctx, p.names.PoolsBucket())
+func (w *Worker) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	w.poolsMu.Lock()
+	defer w.poolsMu.Unlock()
+	if w.pools == nil {
+		kv, err := w.js.KeyValue(ctx, w.names.PoolsBucket())
 		if err != nil {
 			return nil, err
 		}
-		p.pools = kv
+		w.pools = kv
 	}
-	return p.pools, nil
+	return w.pools, nil
 }
 
 // setPool applies what was read of the pool's state, the bucket's entry
 // at revision rev, unless the worker knows a later one.
-func (p *producer) setPool(s *job.PoolState, rev uint64) {
-	p.pause.mu.Lock()
-	defer p.pause.mu.Unlock()
-	if rev < p.pause.rev {
+func (w *Worker) setPool(s *job.PoolState, rev uint64) {
+	w.pause.mu.Lock()
+	defer w.pause.mu.Unlock()
+	if rev < w.pause.rev {
 		return
 	}
-	p.pause.rev = rev
-	p.policy.Store(s.Policy)
-	if sh, ok := p.cfg.Capacity.(capacity.Sharer); ok {
+	w.pause.rev = rev
+	w.policy.Store(s.Policy)
+	if sh, ok := w.cfg.Capacity.(capacity.Sharer); ok {
 		sh.SetPolicy(s.Policy)
 	}
-	if p.pause.setLocked(s.Paused) {
+	if w.pause.setLocked(s.Paused) {
 		if s.Paused {
-			p.log.Info("pool paused: starting no attempt until it is resumed", "reason", s.Reason)
+			w.log.Info("pool paused: starting no attempt until it is resumed", "reason", s.Reason)
 		} else {
-			p.log.Info("pool resumed")
+			w.log.Info("pool resumed")
 		}
 	}
 }
@@ -141,15 +141,15 @@ func (p *producer) setPool(s *job.PoolState, rev uint64) {
 // watchPool follows the pool's entry in the pools bucket, so that a pause
 // or a new policy holds here as soon as it is stored (the reads every
 // PausePoll stay, for a watch that broke off).
-func (p *producer) watchPool(ctx context.Context) error {
-	lifecycle.Again(ctx, p.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
-		kv, err := p.poolsBucket(ctx)
+func (w *Worker) watchPool(ctx context.Context) error {
+	lifecycle.Again(ctx, w.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
+		kv, err := w.poolsBucket(ctx)
 		if err != nil {
 			return err
 		}
-		watch, err := kv.Watch(ctx, p.cfg.Pool)
+		watch, err := kv.Watch(ctx, w.cfg.Pool)
 		if err != nil {
-			return fmt.Errorf("watch pool %s: %w", p.cfg.Pool, err)
+			return fmt.Errorf("watch pool %s: %w", w.cfg.Pool, err)
 		}
 		defer func() { _ = watch.Stop() }()
 		for {
@@ -164,16 +164,16 @@ func (p *producer) watchPool(ctx context.Context) error {
 					continue // the current state was read
 				}
 				if e.Operation() != jetstream.KeyValuePut {
-					p.setPool(&job.PoolState{Pool: p.cfg.Pool}, e.Revision())
+					w.setPool(&job.PoolState{Pool: w.cfg.Pool}, e.Revision())
 					continue
 				}
 				var s job.PoolState
 				if err := json.Unmarshal(e.Value(), &s); err != nil {
-					p.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
+					w.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
 					continue
 				}
-				s.Pool = p.cfg.Pool
-				p.setPool(&s, e.Revision())
+				s.Pool = w.cfg.Pool
+				w.setPool(&s, e.Revision())
 			}
 		}
 	})
@@ -189,13 +189,13 @@ const wordsKept = 256
 // on: a state told before the delivery came is in w.words by then, since
 // the connection's reader puts each message in its subscription's channel
 // in the order they came.
-func (p *producer) catchUp() {
-	p.wordsMu.Lock()
-	defer p.wordsMu.Unlock()
+func (w *Worker) catchUp() {
+	w.wordsMu.Lock()
+	defer w.wordsMu.Unlock()
 	for {
 		select {
-		case m := <-p.words:
-			p.told(m)
+		case m := <-w.words:
+			w.told(m)
 		default:
 			return
 		}
@@ -204,7 +204,7 @@ func (p *producer) catchUp() {
 
 // told applies a dispatcher's word that carries the pool's state; other
 // words (a new queue) are onNewQueue's.
-func (p *producer) told(m *nats.Msg) {
+func (w *Worker) told(m *nats.Msg) {
 	h := m.Header.Get(queue.HeaderPoolRevision)
 	if h == "" {
 		return
@@ -215,9 +215,9 @@ func (p *producer) told(m *nats.Msg) {
 		err = json.Unmarshal(m.Data, &s)
 	}
 	if err != nil {
-		p.log.Warn("a dispatcher's word on the pool's state cannot be read; the watch says it", "err", err)
+		w.log.Warn("a dispatcher's word on the pool's state cannot be read; the watch says it", "err", err)
 		return
 	}
-	s.Pool = p.cfg.Pool
-	p.setPool(&s, rev)
+	s.Pool = w.cfg.Pool
+	w.setPool(&s, rev)
 }
