@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -337,11 +336,6 @@ func (s *Store) Remove(ctx context.Context, worker, pool string) error {
 	return nil
 }
 
-// decay is v decayed over ms milliseconds with a half-life of hl.
-func decay(v float64, ms int64, hl float64) float64 {
-	return v * math.Pow(2, -float64(max(ms, 0))/hl)
-}
-
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
 
 func orUnknown(v *int64) string {
@@ -440,7 +434,7 @@ func (s *Store) Tenants(ctx context.Context, pool string, halfLife time.Duration
 		}
 	}
 	now := time.Now().UnixMilli()
-	hl := float64(cmp.Or(halfLife, job.DefaultHalfLife).Milliseconds())
+	hl := cmp.Or(halfLife, job.DefaultHalfLife)
 	for t, v := range usage.Val() {
 		val, at, ok := strings.Cut(v, " ")
 		if !ok {
@@ -449,7 +443,7 @@ func (s *Store) Tenants(ctx context.Context, pool string, halfLife time.Duration
 		f, _ := strconv.ParseFloat(val, 64)
 		a, _ := strconv.ParseInt(at, 10, 64)
 		u := out[t]
-		u.Usage = decay(f, now-a, hl)
+		u.Usage = Decay(f, time.Duration(now-a)*time.Millisecond, hl)
 		out[t] = u
 	}
 	return out, total, nil

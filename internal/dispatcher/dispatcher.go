@@ -28,6 +28,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/scheduler"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -149,7 +150,7 @@ type Dispatcher struct {
 	// schedules is the schedules bucket; sched fires them while this
 	// dispatcher holds their lease.
 	schedules jetstream.KeyValue
-	sched     *scheduler
+	sched     *scheduler.Scheduler
 	intakes   []jetstream.MessagesContext
 	// inFlight counts the submissions and requests being processed, which
 	// Stop waits for.
@@ -298,7 +299,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			return d.consume(ctx, m)
 		}}})
 	}
-	d.sched = newScheduler(d, d.schedules)
+	d.sched = scheduler.New(scheduler.Config{Dispatcher: schedulerSide{d}, Bucket: d.schedules, JetStream: d.js,
+		Self: d.peers.self, Lease: d.cfg.ScheduleLease, Limits: d.cfg.Limits, Now: d.cfg.Now, Logger: d.cfg.Logger})
 	services = append(services, service{"the scheduler", d.sched})
 	if d.cfg.Queue.V1 {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})

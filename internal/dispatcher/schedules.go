@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/schedule"
+	"github.com/fleet-dev/fleet/internal/scheduler"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -61,7 +62,7 @@ func (d *Dispatcher) CreateSchedule(ctx context.Context, tenant, name string, da
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.schedules.Create(ctx, specKey(tenant, s.Name), stored); err != nil {
+	if _, err := d.schedules.Create(ctx, scheduler.SpecKey(tenant, s.Name), stored); err != nil {
 		if conflict(err) {
 			return nil, scheduleError{fmt.Sprintf("schedule %s exists: update it, or delete it first", s.Name), errExists}
 		}
@@ -121,7 +122,7 @@ func (d *Dispatcher) changeSchedule(ctx context.Context, tenant, name, verb stri
 		if err != nil {
 			return nil, err
 		}
-		if err := d.sealer.Open(templateKey(tenant, name), old.Template, old.Secrets); err != nil {
+		if err := d.sealer.Open(scheduler.TemplateKey(tenant, name), old.Template, old.Secrets); err != nil {
 			return nil, fmt.Errorf("schedule %s: %w", name, err)
 		}
 		now := d.cfg.Now()
@@ -138,7 +139,7 @@ func (d *Dispatcher) changeSchedule(ctx context.Context, tenant, name, verb stri
 		if err != nil {
 			return nil, err
 		}
-		if _, err := d.schedules.Update(ctx, specKey(tenant, name), stored, rev); err != nil {
+		if _, err := d.schedules.Update(ctx, scheduler.SpecKey(tenant, name), stored, rev); err != nil {
 			if conflict(err) && try < 5 {
 				continue
 			}
@@ -160,7 +161,7 @@ func (d *Dispatcher) DeleteSchedule(ctx context.Context, tenant, name string) (*
 		if s, rev, err = d.readSchedule(ctx, tenant, name); err != nil {
 			return nil, err
 		}
-		err = d.schedules.Delete(ctx, specKey(tenant, name), jetstream.LastRevision(rev))
+		err = d.schedules.Delete(ctx, scheduler.SpecKey(tenant, name), jetstream.LastRevision(rev))
 		if err == nil {
 			break
 		}
@@ -169,7 +170,7 @@ func (d *Dispatcher) DeleteSchedule(ctx context.Context, tenant, name string) (*
 		}
 	}
 	st, _ := d.readScheduleState(ctx, s)
-	if err := d.schedules.Purge(ctx, stateKey(tenant, name)); err != nil {
+	if err := d.schedules.Purge(ctx, scheduler.StateKey(tenant, name)); err != nil {
 		d.log.Debug("the firings of a deleted schedule are left", "schedule", name, "err", err)
 	}
 	d.log.Info("schedule deleted", "tenant", tenant, "schedule", name)
@@ -337,7 +338,7 @@ func (d *Dispatcher) decodeScheduleDoc(tenant, name string, data []byte) (*job.S
 func (d *Dispatcher) storeSchedule(s *job.Schedule) ([]byte, error) {
 	c := *s
 	c.Template = s.Template.Clone()
-	sealed, err := d.sealer.Seal(templateKey(s.Tenant, s.Name), c.Template)
+	sealed, err := d.sealer.Seal(scheduler.TemplateKey(s.Tenant, s.Name), c.Template)
 	if err != nil {
 		return nil, fmt.Errorf("seal the template's secrets: %w", err)
 	}
@@ -358,7 +359,7 @@ func (d *Dispatcher) readSchedule(ctx context.Context, tenant, name string) (*jo
 	if !job.ValidScheduleName(name) {
 		return nil, 0, scheduleError{fmt.Sprintf("no schedule %q: not a schedule name", name), queue.ErrNotFound}
 	}
-	e, err := d.schedules.Get(ctx, specKey(tenant, name))
+	e, err := d.schedules.Get(ctx, scheduler.SpecKey(tenant, name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, scheduleError{fmt.Sprintf("no schedule %s", name), queue.ErrNotFound}
 	}
@@ -375,7 +376,7 @@ func (d *Dispatcher) readSchedule(ctx context.Context, tenant, name string) (*jo
 // readScheduleState returns what a schedule's firings did; nothing yet
 // when none was recorded, or only of an earlier schedule of its name.
 func (d *Dispatcher) readScheduleState(ctx context.Context, s *job.Schedule) (*job.ScheduleState, error) {
-	e, err := d.schedules.Get(ctx, stateKey(s.Tenant, s.Name))
+	e, err := d.schedules.Get(ctx, scheduler.StateKey(s.Tenant, s.Name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return &job.ScheduleState{Created: s.CreatedAt}, nil
 	}

@@ -176,7 +176,7 @@ func (d *delivery) receive() (context.Context, *situation) {
 	// Register before reading the record: a cancel published after the
 	// dispatcher wrote the record then reaches this delivery.
 	d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
-	if !w.register(d) {
+	if !w.runs.add(d) {
 		d.cancel(nil)
 		return nil, nil
 	}
@@ -280,7 +280,7 @@ func cmpErr(a, b error) error {
 
 func (d *delivery) unregister() {
 	d.cancel(nil)
-	d.w.unregister(d)
+	d.w.runs.remove(d)
 }
 
 // situation gathers what the worker knows now, for decide: the record as
@@ -289,7 +289,7 @@ func (d *delivery) unregister() {
 func (d *delivery) situation() *situation {
 	w := d.w
 	return &situation{rec: d.rec, rev: d.rev, req: d.req, submitted: d.sub, now: time.Now(), self: w.cfg.ID,
-		draining: w.Draining(), paused: w.pause.paused(), retryDelay: w.cfg.Retry, recheck: w.cfg.Queue.AckWait,
+		draining: w.Draining(), paused: w.p.paused(), retryDelay: w.cfg.Retry, recheck: w.cfg.Queue.AckWait,
 		adoptWait: w.cfg.AdoptWait}
 }
 
@@ -468,7 +468,7 @@ func (d *delivery) reserve(ctx context.Context, act action) (action, bool) {
 	if d.held == nil {
 		d.held = &capacity.Holding{Slots: 1, CPUMilli: req.Resources.CPUMilli(), MemoryBytes: req.Resources.MemoryBytes(), GPUs: int64(req.Resources.GPU)}
 		d.heldAt = time.Now()
-		d.w.hold(d.key.Tenant, *d.held, 1)
+		d.w.runs.hold(d.key.Tenant, *d.held, 1)
 	}
 	if c == nil || d.lease != nil {
 		return action{}, true
@@ -505,8 +505,8 @@ func (d *delivery) unhold() {
 	if d.held == nil {
 		return
 	}
-	d.w.hold(d.key.Tenant, *d.held, -1)
-	d.w.usage.add(d.key.Tenant, time.Since(d.heldAt), d.w.policy.Load().HalfLifeOr(), time.Now())
+	d.w.runs.hold(d.key.Tenant, *d.held, -1)
+	d.w.p.ran(d.key.Tenant, time.Since(d.heldAt))
 	d.held = nil
 }
 
@@ -533,8 +533,7 @@ func (d *delivery) freeSlot() {
 	d.slotFreed = true
 	d.unhold()
 	d.releaseLease()
-	d.w.slots.release(1)
-	d.w.ended.fire()
+	d.w.p.free()
 }
 
 // ended turns how an attempt that ran, or was adopted, ended (its outcome
@@ -590,37 +589,10 @@ func (w *Worker) onCancel(m *nats.Msg) {
 	if !ok || pool != w.cfg.Pool {
 		return
 	}
-	w.mu.Lock()
-	d := w.running[runKey(tenant, id)]
-	w.mu.Unlock()
-	if d != nil {
+	if d := w.runs.get(tenant, id); d != nil {
 		// Only what register set is read here: the delivery's key and its
 		// cancel, both set before it was registered.
 		w.log.Info("cancelling running job", "tenant", tenant, "job_id", id)
 		d.cancel(executor.ErrCancelled)
 	}
-}
-
-// runKey names a running delivery: job ids are a tenant's.
-func runKey(tenant, id string) string { return tenant + "/" + id }
-
-// register notes a delivery as running here; false when another copy of
-// the job already runs on this worker.
-func (w *Worker) register(d *delivery) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	k := runKey(d.key.Tenant, d.id)
-	if w.running[k] != nil {
-		return false
-	}
-	w.running[k] = d
-	return true
-}
-
-func (w *Worker) unregister(d *delivery) {
-	w.mu.Lock()
-	if k := runKey(d.key.Tenant, d.id); w.running[k] == d {
-		delete(w.running, k)
-	}
-	w.mu.Unlock()
 }

@@ -203,7 +203,8 @@ func (j *memJournal) DeadLetter(queue.JobKey, []byte, *job.Failure, int) (pendin
 }
 
 // testWorker is a Worker with nothing but what a delivery's pipeline
-// uses: its config, slots, metrics and the journal; no NATS.
+// uses: its config, slots (its producer's), metrics and the journal; no
+// NATS.
 func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -212,9 +213,9 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	}
 	cfg.Backend = "test"
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, slots: newSlots(cfg.Slots), journal: j,
-		running: map[string]*delivery{}}
+	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, journal: j}
 	w.m = newMetrics(noopMeter, w)
+	w.p = newProducer(w)
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))
 	w.settling, w.giveUp = context.WithCancel(context.Background())
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)

@@ -77,3 +77,28 @@ func BenchmarkTenantWaitAttrs(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkReceiveQueued measures reading a first delivery's message, as
+// receive does: the record version that queued the job decoded, its
+// secrets opened (none here), its request validated against the worker's
+// limits and normalized.
+func BenchmarkReceiveQueued(b *testing.B) {
+	r := &job.Request{ID: "job-1", Pool: "default", Command: []string{"true"}, Env: map[string]string{"MODE": "fast"}}
+	msg := jobMessage(b, &ops{}, r, 7, 1)
+	k := queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: "job-1"}
+	sealer, _ := queue.NewSealer(make([]byte, 32))
+	b.ReportAllocs()
+	for b.Loop() {
+		rec, err := decodeQueued(msg.Data(), k)
+		if err == nil {
+			err = sealer.Open(k, rec.Request, rec.Secrets)
+		}
+		if err == nil {
+			err = rec.Request.Validate(job.Limits{})
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		rec.Request.Normalize()
+	}
+}

@@ -107,7 +107,7 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
 		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
 		p := int64(0)
-		if w.pause.paused() {
+		if w.p.paused() {
 			p = 1
 		}
 		o.ObserveInt64(paused, p, x.poolAttrs)

@@ -88,52 +88,52 @@ func (p *pauseState) waitResumed(ctx context.Context) bool {
 // readPause reads the pool's state: whether it is paused, and its
 // sharing policy. A fleet whose dispatchers predate the pools bucket has
 // no pauses: the worker keeps trying to open it, quietly.
-func (w *Worker) readPause(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.PausePoll, time.Second))
+func (p *producer) readPause(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(p.cfg.PausePoll, time.Second))
 	defer cancel()
-	kv, err := w.poolsBucket(ctx)
+	kv, err := p.poolsBucket(ctx)
 	if err != nil {
 		return
 	}
-	s, rev, err := queue.ReadPoolAt(ctx, kv, w.cfg.Pool)
+	s, rev, err := queue.ReadPoolAt(ctx, kv, p.cfg.Pool)
 	if err != nil {
-		w.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
+		p.log.Debug("cannot read whether the pool is paused; keeping what was read last", "err", err)
 		return
 	}
-	w.setPool(s, rev)
+	p.setPool(s, rev)
 }
 
-func (w *Worker) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	w.poolsMu.Lock()
-	defer w.poolsMu.Unlock()
-	if w.pools == nil {
-		kv, err := w.js.KeyValue(ctx, w.names.PoolsBucket())
+func (p *producer) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	p.poolsMu.Lock()
+	defer p.poolsMu.Unlock()
+	if p.pools == nil {
+		kv, err := p.js.KeyValue(ctx, p.names.PoolsBucket())
 		if err != nil {
 			return nil, err
 		}
-		w.pools = kv
+		p.pools = kv
 	}
-	return w.pools, nil
+	return p.pools, nil
 }
 
 // setPool applies what was read of the pool's state, the bucket's entry
 // at revision rev, unless the worker knows a later one.
-func (w *Worker) setPool(s *job.PoolState, rev uint64) {
-	w.pause.mu.Lock()
-	defer w.pause.mu.Unlock()
-	if rev < w.pause.rev {
+func (p *producer) setPool(s *job.PoolState, rev uint64) {
+	p.pause.mu.Lock()
+	defer p.pause.mu.Unlock()
+	if rev < p.pause.rev {
 		return
 	}
-	w.pause.rev = rev
-	w.policy.Store(s.Policy)
-	if sh, ok := w.cfg.Capacity.(capacity.Sharer); ok {
+	p.pause.rev = rev
+	p.policy.Store(s.Policy)
+	if sh, ok := p.cfg.Capacity.(capacity.Sharer); ok {
 		sh.SetPolicy(s.Policy)
 	}
-	if w.pause.setLocked(s.Paused) {
+	if p.pause.setLocked(s.Paused) {
 		if s.Paused {
-			w.log.Info("pool paused: starting no attempt until it is resumed", "reason", s.Reason)
+			p.log.Info("pool paused: starting no attempt until it is resumed", "reason", s.Reason)
 		} else {
-			w.log.Info("pool resumed")
+			p.log.Info("pool resumed")
 		}
 	}
 }
@@ -141,15 +141,15 @@ func (w *Worker) setPool(s *job.PoolState, rev uint64) {
 // watchPool follows the pool's entry in the pools bucket, so that a pause
 // or a new policy holds here as soon as it is stored (the reads every
 // PausePoll stay, for a watch that broke off).
-func (w *Worker) watchPool(ctx context.Context) error {
-	lifecycle.Again(ctx, w.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
-		kv, err := w.poolsBucket(ctx)
+func (p *producer) watchPool(ctx context.Context) error {
+	lifecycle.Again(ctx, p.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
+		kv, err := p.poolsBucket(ctx)
 		if err != nil {
 			return err
 		}
-		watch, err := kv.Watch(ctx, w.cfg.Pool)
+		watch, err := kv.Watch(ctx, p.cfg.Pool)
 		if err != nil {
-			return fmt.Errorf("watch pool %s: %w", w.cfg.Pool, err)
+			return fmt.Errorf("watch pool %s: %w", p.cfg.Pool, err)
 		}
 		defer func() { _ = watch.Stop() }()
 		for {
@@ -164,16 +164,16 @@ func (w *Worker) watchPool(ctx context.Context) error {
 					continue // the current state was read
 				}
 				if e.Operation() != jetstream.KeyValuePut {
-					w.setPool(&job.PoolState{Pool: w.cfg.Pool}, e.Revision())
+					p.setPool(&job.PoolState{Pool: p.cfg.Pool}, e.Revision())
 					continue
 				}
 				var s job.PoolState
 				if err := json.Unmarshal(e.Value(), &s); err != nil {
-					w.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
+					p.log.Warn("the pool's state cannot be read; keeping what was read last", "err", err)
 					continue
 				}
-				s.Pool = w.cfg.Pool
-				w.setPool(&s, e.Revision())
+				s.Pool = p.cfg.Pool
+				p.setPool(&s, e.Revision())
 			}
 		}
 	})
@@ -189,13 +189,13 @@ const wordsKept = 256
 // on: a state told before the delivery came is in w.words by then, since
 // the connection's reader puts each message in its subscription's channel
 // in the order they came.
-func (w *Worker) catchUp() {
-	w.wordsMu.Lock()
-	defer w.wordsMu.Unlock()
+func (p *producer) catchUp() {
+	p.wordsMu.Lock()
+	defer p.wordsMu.Unlock()
 	for {
 		select {
-		case m := <-w.words:
-			w.told(m)
+		case m := <-p.words:
+			p.told(m)
 		default:
 			return
 		}
@@ -204,7 +204,7 @@ func (w *Worker) catchUp() {
 
 // told applies a dispatcher's word that carries the pool's state; other
 // words (a new queue) are onNewQueue's.
-func (w *Worker) told(m *nats.Msg) {
+func (p *producer) told(m *nats.Msg) {
 	h := m.Header.Get(queue.HeaderPoolRevision)
 	if h == "" {
 		return
@@ -215,9 +215,9 @@ func (w *Worker) told(m *nats.Msg) {
 		err = json.Unmarshal(m.Data, &s)
 	}
 	if err != nil {
-		w.log.Warn("a dispatcher's word on the pool's state cannot be read; the watch says it", "err", err)
+		p.log.Warn("a dispatcher's word on the pool's state cannot be read; the watch says it", "err", err)
 		return
 	}
-	s.Pool = w.cfg.Pool
-	w.setPool(&s, rev)
+	s.Pool = p.cfg.Pool
+	p.setPool(&s, rev)
 }

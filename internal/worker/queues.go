@@ -35,6 +35,30 @@ import (
 // what they get while the consumer elects a leader: the worker then asks
 // whether the consumer exists (see unanswered).
 
+// source is where a pool's queues are: its consumers in JetStream
+// (streamSource), or a test's.
+type source interface {
+	// bind makes or binds to queue k's consumer.
+	bind(ctx context.Context, k queue.QueueKey) (jetstream.Consumer, error)
+	// list returns the pool's queues, and what each has waiting.
+	list(ctx context.Context) (map[queue.QueueKey]*jetstream.ConsumerInfo, error)
+}
+
+// streamSource is the pool's consumers in its stream.
+type streamSource struct {
+	js   jetstream.JetStream
+	cfg  queue.Config
+	pool string
+}
+
+func (s streamSource) bind(ctx context.Context, k queue.QueueKey) (jetstream.Consumer, error) {
+	return queue.BindQueue(ctx, s.js, s.cfg, s.pool, k)
+}
+
+func (s streamSource) list(ctx context.Context) (map[queue.QueueKey]*jetstream.ConsumerInfo, error) {
+	return queue.Queues(ctx, s.js, s.cfg, s.pool)
+}
+
 // queueSet is the worker's binding to its pool's queues.
 type queueSet struct {
 	*queues
@@ -135,25 +159,25 @@ const (
 // Neither is needed to start: while a server of the cluster is down a
 // listing may not answer, and the queues are then found by the next one,
 // or from the dispatchers' word.
-func (w *Worker) bindQueues(ctx context.Context) error {
-	if err := w.fromSingleConsumer(ctx); err != nil {
-		w.log.Warn("cannot look for an older fleet's consumer; trying again at the next start", "err", err)
+func (p *producer) bindQueues(ctx context.Context) error {
+	if err := p.fromSingleConsumer(ctx); err != nil {
+		p.log.Warn("cannot look for an older fleet's consumer; trying again at the next start", "err", err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	found, err := queue.Queues(lctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	found, err := p.src.list(lctx)
 	cancel()
 	if err != nil {
-		w.log.Warn("cannot list the pool's queues yet; the next listing finds them", "err", err)
+		p.log.Warn("cannot list the pool's queues yet; the next listing finds them", "err", err)
 	}
 	for k, info := range found {
-		q, err := w.bindQueue(ctx, k)
+		q, err := p.bindQueue(ctx, k)
 		if err != nil {
 			return err
 		}
 		q.pending.Store(int64(info.NumPending))
 		q.unacked.Store(int64(info.NumAckPending))
 	}
-	return w.listen()
+	return p.listen()
 }
 
 // fromSingleConsumer makes the queues of a pool whose jobs an older fleet
@@ -162,35 +186,35 @@ func (w *Worker) bindQueues(ctx context.Context) error {
 // stream's beginning; a job that already ended is acknowledged as it is
 // read). It leaves jobs-<pool> to whoever still pulls from it: a job
 // taken by both starts once, its record's compare-and-set decides.
-func (w *Worker) fromSingleConsumer(ctx context.Context) error {
-	st, err := w.js.Stream(ctx, w.names.PoolStreamV2(w.cfg.Pool))
+func (p *producer) fromSingleConsumer(ctx context.Context) error {
+	st, err := p.js.Stream(ctx, p.names.PoolStreamV2(p.cfg.Pool))
 	if err != nil {
-		return fmt.Errorf("pool %s: %w", w.cfg.Pool, err)
+		return fmt.Errorf("pool %s: %w", p.cfg.Pool, err)
 	}
-	if _, err := st.Consumer(ctx, w.names.PoolConsumer(w.cfg.Pool)); errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := st.Consumer(ctx, p.names.PoolConsumer(p.cfg.Pool)); errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil
 	} else if err != nil {
-		return fmt.Errorf("pool %s: %w", w.cfg.Pool, err)
+		return fmt.Errorf("pool %s: %w", p.cfg.Pool, err)
 	}
 	keys := map[queue.QueueKey]bool{}
-	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
-		info, err := st.Info(ctx, jetstream.WithSubjectFilter(w.names.PoolQueued(w.cfg.Pool, p)))
+	for prio := job.HighestPriority; prio <= job.LowestPriority; prio++ {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(p.names.PoolQueued(p.cfg.Pool, prio)))
 		if err != nil {
-			return fmt.Errorf("pool %s: the jobs queued at priority %d: %w", w.cfg.Pool, p, err)
+			return fmt.Errorf("pool %s: the jobs queued at priority %d: %w", p.cfg.Pool, prio, err)
 		}
 		for subject := range info.State.Subjects {
-			if _, k, ok := w.names.ParsePoolJob(subject); ok {
-				keys[queue.QueueKey{Priority: p, Tenant: k.Tenant}] = true
+			if _, k, ok := p.names.ParsePoolJob(subject); ok {
+				keys[queue.QueueKey{Priority: prio, Tenant: k.Tenant}] = true
 			}
 		}
 	}
 	for k := range keys {
-		if _, err := w.bindQueue(ctx, k); err != nil {
+		if _, err := p.bindQueue(ctx, k); err != nil {
 			return err
 		}
 	}
-	w.log.Info("the pool had the single consumer of an older fleet: made the queues of its jobs",
-		"consumer", w.names.PoolConsumer(w.cfg.Pool), "queues", len(keys))
+	p.log.Info("the pool had the single consumer of an older fleet: made the queues of its jobs",
+		"consumer", p.names.PoolConsumer(p.cfg.Pool), "queues", len(keys))
 	return nil
 }
 
@@ -200,36 +224,36 @@ func (w *Worker) fromSingleConsumer(ctx context.Context) error {
 // the server while it still removes the deleted consumer fails ("consumer
 // does not exist", "error creating store for consumer"); the fetches that
 // follow find no responders, and unanswered makes the queue again.
-func (w *Worker) rebind(q *workQueue) {
+func (p *producer) rebind(q *workQueue) {
 	// Each fetch that was waiting hears of the deletion: one makes the
 	// queue again (two creates of one consumer at once may fail both).
 	if !q.rebinding.CompareAndSwap(false, true) {
 		return
 	}
 	defer q.rebinding.Store(false)
-	if w.qs.get(q.key) != q || w.pullCtx.Err() != nil {
+	if p.qs.get(q.key) != q || p.ctx.Err() != nil {
 		return // made again already, or the worker stops
 	}
-	ctx, cancel := context.WithTimeout(w.pullCtx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
 	defer cancel()
-	cons, err := queue.BindQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, q.key)
+	cons, err := p.src.bind(ctx, q.key)
 	if err != nil {
-		w.log.Warn("cannot make a queue again yet; its fetches go on, and it is made when they find it gone", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
+		p.log.Warn("cannot make a queue again yet; its fetches go on, and it is made when they find it gone", "tenant", q.key.Tenant, "priority", q.key.Priority, "err", err)
 		return
 	}
 	// What waits on it is what its new consumer found in the stream (it
 	// starts from the beginning), or what was known, if more.
 	fresh := &workQueue{key: q.key, cons: cons}
 	fresh.pending.Store(max(q.pending.Load(), int64(cons.CachedInfo().NumPending)))
-	w.qs.mu.Lock()
-	w.qs.forget(q)
-	w.qs.add(fresh)
-	w.qs.mu.Unlock()
+	p.qs.mu.Lock()
+	p.qs.forget(q)
+	p.qs.add(fresh)
+	p.qs.mu.Unlock()
 	select {
-	case w.qs.wake <- struct{}{}:
+	case p.qs.wake <- struct{}{}:
 	default:
 	}
-	w.log.Info("made a queue whose consumer was gone again", "tenant", q.key.Tenant, "priority", q.key.Priority)
+	p.log.Info("made a queue whose consumer was gone again", "tenant", q.key.Tenant, "priority", q.key.Priority)
 }
 
 // checkEvery bounds how often a worker asks whether a queue's consumer
@@ -244,39 +268,39 @@ const checkEvery = time.Second
 // the queue is made again when it says the consumer does not exist; it is
 // asked once every checkEvery at most, a request to one consumer's leader,
 // beside the pulls (with no meta leader, nobody answers it for a while).
-func (w *Worker) unanswered(q *workQueue) {
+func (p *producer) unanswered(q *workQueue) {
 	now := time.Now().UnixNano()
 	last := q.checked.Load()
 	if now-last < int64(checkEvery) || !q.checked.CompareAndSwap(last, now) {
 		return
 	}
-	w.pulling.Add(1)
+	p.pulling.Add(1)
 	go func() {
-		defer w.pulling.Done()
-		ctx, cancel := context.WithTimeout(w.pullCtx, 2*time.Second)
+		defer p.pulling.Done()
+		ctx, cancel := context.WithTimeout(p.ctx, 2*time.Second)
 		defer cancel()
 		if _, err := q.cons.Info(ctx); gone(err) {
-			w.rebind(q)
+			p.rebind(q)
 		}
 	}()
 }
 
 // bindQueue binds to one queue, known or not.
-func (w *Worker) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, error) {
-	w.qs.mu.Lock()
-	defer w.qs.mu.Unlock()
-	if q := w.qs.get(k); q != nil {
+func (p *producer) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, error) {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	if q := p.qs.get(k); q != nil {
 		return q, nil
 	}
-	cons, err := queue.BindQueue(ctx, w.js, w.cfg.Queue, w.cfg.Pool, k)
+	cons, err := p.src.bind(ctx, k)
 	if err != nil {
 		return nil, err
 	}
 	q := &workQueue{key: k, cons: cons}
-	if w.qs.add(q) {
-		w.cutWaits()
+	if p.qs.add(q) {
+		p.cutWaits()
 	}
-	w.log.Debug("bound to queue", "tenant", k.Tenant, "priority", k.Priority)
+	p.log.Debug("bound to queue", "tenant", k.Tenant, "priority", k.Priority)
 	return q, nil
 }
 
@@ -286,14 +310,14 @@ func (w *Worker) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, e
 // are cut, so that the pull loop plans those slots between the queues now
 // (a new tenant's first job, or a priority's, starts as soon as it is
 // queued).
-func (w *Worker) cutWaits() {
-	requests, n := w.qs.cut()
+func (p *producer) cutWaits() {
+	requests, n := p.qs.cut()
 	if requests == 0 {
 		return
 	}
-	w.m.cut.Add(context.Background(), int64(requests), w.m.poolAttrs)
-	w.slots.release(n)
-	w.log.Debug("the pool has another queue: cut the wait of the pull requests on its first", "requests", requests, "slots", n)
+	p.m.cut.Add(context.Background(), int64(requests), p.m.poolAttrs)
+	p.slots.release(n)
+	p.log.Debug("the pool has another queue: cut the wait of the pull requests on its first", "requests", requests, "slots", n)
 }
 
 // handBack gives back a message that a pull request whose wait was cut
@@ -302,16 +326,16 @@ func (w *Worker) cutWaits() {
 // same request, which is first in the server's line, and back, again and
 // again, each time a delivery more of the job's. The queue is noted as
 // having it then, for the plan.
-func (w *Worker) handBack(q *workQueue, req *waiting, msg jetstream.Msg) {
-	w.m.handedBack.Add(context.Background(), 1, w.m.poolAttrs)
+func (p *producer) handBack(q *workQueue, req *waiting, msg jetstream.Msg) {
+	p.m.handedBack.Add(context.Background(), 1, p.m.poolAttrs)
 	delay := max(time.Until(req.until), 0) + handBackAfter
 	if err := msg.NakWithDelay(delay); err != nil {
-		w.log.Warn("cannot hand back a job brought by a pull request whose wait was cut; it comes back after the ack wait",
+		p.log.Warn("cannot hand back a job brought by a pull request whose wait was cut; it comes back after the ack wait",
 			"subject", msg.Subject(), "err", err)
 		return
 	}
-	w.log.Debug("handed back a job brought by a pull request whose wait was cut, no slot free", "subject", msg.Subject(), "delay", delay)
-	time.AfterFunc(delay, func() { w.qs.ring(q) })
+	p.log.Debug("handed back a job brought by a pull request whose wait was cut, no slot free", "subject", msg.Subject(), "delay", delay)
+	time.AfterFunc(delay, func() { p.qs.ring(q) })
 }
 
 // handBackAfter is how long after a cut pull request expired (by the
@@ -326,96 +350,96 @@ const handBackAfter = 100 * time.Millisecond
 // learns of new queues by its listing every PausePoll). It listens again
 // once a queue has fewer than 2 fetches waiting: as one fetch takes at
 // most Slots jobs, it listens before the queue runs dry.
-func (w *Worker) listen() error {
-	w.qs.mu.Lock()
-	defer w.qs.mu.Unlock()
-	need := w.qs.only() == nil
-	if need && w.qs.subs != nil {
+func (p *producer) listen() error {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	need := p.qs.only() == nil
+	if need && p.qs.subs != nil {
 		// Stop while every queue is deep; go on while any is shallow.
-		need = w.qs.lowest() <= int64(4*w.cfg.Slots)
+		need = p.qs.lowest() <= int64(4*p.cfg.Slots)
 	} else if need {
-		need = w.qs.lowest() < int64(2*w.cfg.Slots)
+		need = p.qs.lowest() < int64(2*p.cfg.Slots)
 	}
 	if !need {
-		for _, s := range w.qs.subs {
+		for _, s := range p.qs.subs {
 			_ = s.Unsubscribe()
 		}
-		w.qs.subs = nil
+		p.qs.subs = nil
 		return nil
 	}
-	if w.qs.subs != nil {
+	if p.qs.subs != nil {
 		return nil
 	}
-	for p := job.HighestPriority; p <= job.LowestPriority; p++ {
-		sub, err := w.nc.Subscribe(w.names.PoolQueuedLive(w.cfg.Pool, p), w.onQueued)
+	for prio := job.HighestPriority; prio <= job.LowestPriority; prio++ {
+		sub, err := p.nc.Subscribe(p.names.PoolQueuedLive(p.cfg.Pool, prio), p.onQueued)
 		if err != nil {
 			return err
 		}
 		_ = sub.SetPendingLimits(-1, -1)
-		w.qs.subs = append(w.qs.subs, sub)
+		p.qs.subs = append(p.qs.subs, sub)
 	}
 	// Jobs queued from now on are heard.
-	return w.nc.Flush()
+	return p.nc.Flush()
 }
 
 // onNewQueue hears from a dispatcher that it made a queue of the pool,
 // for the job it is about to queue there; a word on the pool's state is
-// applied at once (catchUp takes it from w.words).
-func (w *Worker) onNewQueue(m *nats.Msg) {
-	w.catchUp()
+// applied at once (catchUp takes it from p.words).
+func (p *producer) onNewQueue(m *nats.Msg) {
+	p.catchUp()
 	if m.Header.Get(queue.HeaderPoolRevision) != "" {
 		return
 	}
-	p, tenant, ok := w.names.ParseQueueConsumer(string(m.Data))
+	prio, tenant, ok := p.names.ParseQueueConsumer(string(m.Data))
 	if !ok {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: tenant}, true)
+	p.heard(queue.QueueKey{Priority: prio, Tenant: tenant}, true)
 }
 
 // onQueued hears that a job was queued.
-func (w *Worker) onQueued(m *nats.Msg) {
-	kind, k, ok := w.names.ParseJobLive(m.Subject)
-	if !ok || k.Pool != w.cfg.Pool || len(kind) != 2 {
+func (p *producer) onQueued(m *nats.Msg) {
+	kind, k, ok := p.names.ParseJobLive(m.Subject)
+	if !ok || k.Pool != p.cfg.Pool || len(kind) != 2 {
 		return
 	}
-	p, err := strconv.Atoi(kind[1:])
+	prio, err := strconv.Atoi(kind[1:])
 	if err != nil || !job.ValidTenant(k.Tenant) {
 		return
 	}
-	w.heard(queue.QueueKey{Priority: p, Tenant: k.Tenant}, false)
+	p.heard(queue.QueueKey{Priority: prio, Tenant: k.Tenant}, false)
 }
 
 // heard notes a job queued on a queue, binding to the queue if it is new;
 // told, the job is on its way: a dispatcher said it made the queue for
 // its job, before it queues it (see expected).
-func (w *Worker) heard(key queue.QueueKey, told bool) {
-	if q := w.qs.get(key); q != nil {
+func (p *producer) heard(key queue.QueueKey, told bool) {
+	if q := p.qs.get(key); q != nil {
 		if told {
 			q.expect()
 		}
-		w.qs.ring(q)
+		p.qs.ring(q)
 		return
 	}
 	// A queue new to this worker: bind to it beside the callbacks, one
 	// goroutine a queue.
-	if !w.qs.startBinding(key) {
+	if !p.qs.startBinding(key) {
 		return
 	}
 	go func() {
-		defer w.qs.endBinding(key)
-		q, err := w.bindHeard(key)
+		defer p.qs.endBinding(key)
+		q, err := p.bindHeard(key)
 		if err != nil {
-			w.log.Warn("cannot bind to a new queue; the next listing tries again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
+			p.log.Warn("cannot bind to a new queue; the next listing tries again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
 			return
 		}
-		if err := w.listen(); err != nil {
-			w.log.Warn("cannot listen for queued jobs", "err", err)
+		if err := p.listen(); err != nil {
+			p.log.Warn("cannot listen for queued jobs", "err", err)
 		}
 		if told {
 			q.expect()
 		}
-		w.qs.ring(q)
+		p.qs.ring(q)
 	}()
 }
 
@@ -433,19 +457,19 @@ const (
 
 // bindHeard binds to a queue heard of, trying again as bindTry says until
 // bound, for bindFor at most, or until the pull stops.
-func (w *Worker) bindHeard(key queue.QueueKey) (*workQueue, error) {
+func (p *producer) bindHeard(key queue.QueueKey) (*workQueue, error) {
 	give := time.Now().Add(bindFor)
 	for {
-		ctx, cancel := context.WithTimeout(w.pullCtx, bindTry)
-		q, err := w.bindQueue(ctx, key)
+		ctx, cancel := context.WithTimeout(p.ctx, bindTry)
+		q, err := p.bindQueue(ctx, key)
 		cancel()
-		if err == nil || w.pullCtx.Err() != nil || time.Now().After(give) {
+		if err == nil || p.ctx.Err() != nil || time.Now().After(give) {
 			return q, err
 		}
-		w.log.Debug("binding to a new queue; trying again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
+		p.log.Debug("binding to a new queue; trying again", "tenant", key.Tenant, "priority", key.Priority, "err", err)
 		select {
 		case <-time.After(bindPause):
-		case <-w.pullCtx.Done():
+		case <-p.ctx.Done():
 			return nil, err
 		}
 	}
@@ -474,76 +498,71 @@ func (qs *queueSet) endBinding(k queue.QueueKey) {
 
 // refreshQueues lists the pool's queues again: new ones, and what waits
 // on each by their consumers' count.
-func (w *Worker) refreshQueues(ctx context.Context) {
+func (p *producer) refreshQueues(ctx context.Context) {
 	// A listing is a request to the cluster's JetStream API, which answers
 	// it by asking each consumer's leader: not more often than listEvery,
 	// and, after a listing that failed (a server down), not before
 	// listBackoff, so that the workers add no load to an election.
 	now := time.Now()
-	if now.Before(w.qs.nextList) {
+	if now.Before(p.qs.nextList) {
 		return
 	}
-	w.qs.nextList = now.Add(listEvery)
+	p.qs.nextList = now.Add(listEvery)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	found, err := queue.Queues(ctx, w.js, w.cfg.Queue, w.cfg.Pool)
+	found, err := p.src.list(ctx)
 	if err != nil {
-		w.qs.nextList = now.Add(listBackoff)
-		w.log.Debug("cannot list the pool's queues; keeping what was known", "err", err)
+		p.qs.nextList = now.Add(listBackoff)
+		p.log.Debug("cannot list the pool's queues; keeping what was known", "err", err)
 		return
 	}
 	woke := false
 	for k, info := range found {
-		q, err := w.bindQueue(ctx, k)
+		q, err := p.bindQueue(ctx, k)
 		if err != nil {
-			w.log.Warn("cannot bind to a queue", "tenant", k.Tenant, "priority", k.Priority, "err", err)
+			p.log.Warn("cannot bind to a queue", "tenant", k.Tenant, "priority", k.Priority, "err", err)
 			continue
 		}
 		q.pending.Store(int64(info.NumPending))
 		q.unacked.Store(int64(info.NumAckPending))
 		woke = woke || info.NumPending > 0 || info.NumAckPending > 0
 	}
-	if err := w.listen(); err != nil {
-		w.log.Warn("cannot listen for queued jobs", "err", err)
+	if err := p.listen(); err != nil {
+		p.log.Warn("cannot listen for queued jobs", "err", err)
 	}
 	if woke {
 		select {
-		case w.qs.wake <- struct{}{}:
+		case p.qs.wake <- struct{}{}:
 		default:
 		}
 	}
 }
 
 // unlisten ends the subscriptions of listen.
-func (w *Worker) unlisten() {
-	w.qs.mu.Lock()
-	defer w.qs.mu.Unlock()
-	for _, s := range w.qs.subs {
+func (p *producer) unlisten() {
+	p.qs.mu.Lock()
+	defer p.qs.mu.Unlock()
+	for _, s := range p.qs.subs {
 		_ = s.Unsubscribe()
 	}
 }
 
 // tenantView tells the plan what a tenant runs in the pool, its decayed
 // usage, and whether its quota is full.
-func (w *Worker) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, now time.Time) func(string) tenantView {
+func (p *producer) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, now time.Time) func(string) tenantView {
 	hl := policy.HalfLifeOr()
-	w.mu.Lock()
-	own := make(map[string]capacity.Holding, len(w.byTenant))
-	for t, h := range w.byTenant {
-		own[t] = h
-	}
-	w.mu.Unlock()
+	own := p.run.holdings()
 	return func(t string) tenantView {
 		h := own[t]
 		var u float64
 		if shares != nil && !shares.At.IsZero() {
 			o := shares.Tenants[t]
 			h = h.Add(o.Others)
-			u = usageSlots(decay(o.Usage, now.Sub(shares.At), hl), hl)
+			u = capacity.UsageSlots(capacity.Decay(o.Usage, now.Sub(shares.At), hl), hl)
 		} else {
-			u = w.usage.slots(t, hl, now)
+			u = p.usage.slots(t, hl, now)
 		}
-		v := tenantView{load: dominant(h, shares, w.cfg.Slots) + u}
+		v := tenantView{load: dominant(h, shares, p.cfg.Slots) + u}
 		if q := policy.Quota(t); !q.Unbounded() {
 			// Full: no job fits. (A GPU quota full still lets the tenant's
 			// jobs without GPUs run: Redis refuses the others.)
@@ -578,21 +597,21 @@ func dominant(h capacity.Holding, s *capacity.Shares, ownSlots int) float64 {
 // queues, and reports whether it asked for any; when it did not, the
 // slots are the caller's to give back. Its fetches go on beside the pull
 // loop; done is called once they have all ended.
-func (w *Worker) pullPlanned(n int, done func()) bool {
-	if err := w.listen(); err != nil {
-		w.log.Warn("cannot listen for queued jobs", "err", err)
+func (p *producer) pullPlanned(n int, done func()) bool {
+	if err := p.listen(); err != nil {
+		p.log.Warn("cannot listen for queued jobs", "err", err)
 	}
-	policy := w.policy.Load()
+	policy := p.policy.Load()
 	var shares *capacity.Shares
-	if s, ok := w.cfg.Capacity.(capacity.Sharer); ok {
+	if s, ok := p.cfg.Capacity.(capacity.Sharer); ok {
 		sh := s.Shares()
 		shares = &sh
 	}
 	now := time.Now()
-	if policy != nil && shares != nil && policy.MaxRunning > 0 && shares.Used+int64(w.Running()) >= int64(policy.MaxRunning) {
+	if policy != nil && shares != nil && policy.MaxRunning > 0 && shares.Used+int64(p.run.Running()) >= int64(policy.MaxRunning) {
 		return false
 	}
-	plan := w.qs.plan(n, policy, w.tenantView(policy, shares, now), w.cfg.PausePoll, now)
+	plan := p.qs.plan(n, policy, p.tenantView(policy, shares, now), p.cfg.PausePoll, now)
 	if len(plan) == 0 {
 		return false
 	}
@@ -600,20 +619,20 @@ func (w *Worker) pullPlanned(n int, done func()) bool {
 	for _, t := range plan {
 		asked += t.n
 	}
-	w.slots.release(n - asked)
+	p.slots.release(n - asked)
 	var wg sync.WaitGroup
 	for _, t := range plan {
 		wg.Add(1)
-		w.pulling.Add(1)
+		p.pulling.Add(1)
 		go func() {
-			defer w.pulling.Done()
+			defer p.pulling.Done()
 			defer wg.Done()
-			w.pullFrom(t)
+			p.pullFrom(t)
 		}()
 	}
-	w.pulling.Add(1)
+	p.pulling.Add(1)
 	go func() {
-		defer w.pulling.Done()
+		defer p.pulling.Done()
 		wg.Wait()
 		done()
 	}()
@@ -622,15 +641,15 @@ func (w *Worker) pullPlanned(n int, done func()) bool {
 
 // pullFrom pulls what is waiting on one queue, at most t.n jobs, without
 // waiting for more.
-func (w *Worker) pullFrom(t take) {
+func (p *producer) pullFrom(t take) {
 	start := time.Now().UnixNano()
 	used := 0
-	defer func() { w.slots.release(t.n - used) }()
+	defer func() { p.slots.release(t.n - used) }()
 	batch, err := t.q.cons.FetchNoWait(t.n)
 	if err != nil {
-		w.log.Debug("pull from queue failed", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+		p.log.Debug("pull from queue failed", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
 		if gone(err) {
-			w.rebind(t.q)
+			p.rebind(t.q)
 		}
 		return
 	}
@@ -640,9 +659,8 @@ func (w *Worker) pullFrom(t take) {
 		if md, err := msg.Metadata(); err == nil {
 			last = int64(md.NumPending)
 		}
-		w.catchUp()
-		w.attempts.Add(1)
-		w.deliveries <- msg
+		p.catchUp()
+		p.run.deliver(msg)
 	}
 	// The plan counted t.n as taken; what came says what is left. A pull
 	// nobody answered (a queue just made, whose consumer has no leader
@@ -654,8 +672,8 @@ func (w *Worker) pullFrom(t take) {
 	if used > 0 {
 		t.q.told.Store(0)
 	} else if again, ok := t.q.expected(start); ok && !unanswered {
-		w.m.pullsAgain.Add(context.Background(), 1, w.m.poolAttrs)
-		time.AfterFunc(again, func() { w.qs.ring(t.q) })
+		p.m.pullsAgain.Add(context.Background(), 1, p.m.poolAttrs)
+		time.AfterFunc(again, func() { p.qs.ring(t.q) })
 	}
 	switch rung := t.q.rung.Load() >= start; {
 	case unanswered:
@@ -667,12 +685,12 @@ func (w *Worker) pullFrom(t take) {
 		t.q.pending.Add(int64(t.n - used))
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
-		w.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
+		p.log.Debug("pull from queue ended", "tenant", t.q.key.Tenant, "priority", t.q.key.Priority, "err", err)
 		switch {
 		case gone(err):
-			w.rebind(t.q)
+			p.rebind(t.q)
 		case errors.Is(err, nats.ErrNoResponders):
-			w.unanswered(t.q)
+			p.unanswered(t.q)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -268,7 +269,8 @@ func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) t
 }
 
 // usage is what the tenants ran on this worker, decayed: the worker's
-// own account, for a pool without Redis.
+// own account, for a pool without Redis (with Redis, the ledger keeps the
+// pool's, and this one is not kept).
 type usage struct {
 	mu  sync.Mutex
 	use map[string]decayed
@@ -287,7 +289,7 @@ func (u *usage) add(tenant string, d time.Duration, halfLife time.Duration, now 
 		u.use = map[string]decayed{}
 	}
 	v := u.use[tenant]
-	v.slotSeconds = decay(v.slotSeconds, now.Sub(v.at), halfLife) + d.Seconds()
+	v.slotSeconds = capacity.Decay(v.slotSeconds, now.Sub(v.at), halfLife) + d.Seconds()
 	v.at = now
 	u.use[tenant] = v
 }
@@ -301,22 +303,5 @@ func (u *usage) slots(tenant string, halfLife time.Duration, now time.Time) floa
 	if !ok {
 		return 0
 	}
-	return usageSlots(decay(v.slotSeconds, now.Sub(v.at), halfLife)*1000, halfLife)
-}
-
-// usageSlots converts decayed usage in slot-milliseconds to the average
-// slots held over the last half-life: a tenant that held k slots for a
-// long time has usage k·H/ln 2.
-func usageSlots(slotMillis float64, halfLife time.Duration) float64 {
-	if halfLife <= 0 {
-		return 0
-	}
-	return slotMillis * math.Ln2 / float64(halfLife.Milliseconds())
-}
-
-func decay(v float64, d, halfLife time.Duration) float64 {
-	if d <= 0 || halfLife <= 0 {
-		return v
-	}
-	return v * math.Pow(2, -float64(d)/float64(halfLife))
+	return capacity.UsageSlots(capacity.Decay(v.slotSeconds, now.Sub(v.at), halfLife)*1000, halfLife)
 }

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -192,26 +191,18 @@ type Worker struct {
 	exec  executor.Executor
 	names queue.Names
 	log   *slog.Logger
-	slots *slots
-	ended signal // fires when an attempt ends
+	// p is the first stage: it pulls, and hands deliveries to this one
+	// (see producer.go).
+	p *producer
 	// journal reads and writes the jobs' records, events and results;
 	// sealer opens the requests' secrets.
 	journal journal
 	sealer  *queue.Sealer
 	cubs    *nats.Subscription
-	qsub    *nats.Subscription // the dispatchers' words: new queues of the pool
-	// wsub puts the same words in words, which catchUp applies (see
-	// pause.go).
-	wsub    *nats.Subscription
-	words   chan *nats.Msg
-	wordsMu sync.Mutex
 	// stopHearing ends the subscription to the pool's stream's elections.
 	stopHearing func()
 	m           *metrics
 
-	pullCtx  context.Context
-	stopPull context.CancelFunc
-	pulling  sync.WaitGroup // the pull loop and its open fetches
 	runCtx   context.Context
 	stopRuns context.CancelCauseFunc
 	// settling bounds what attempts write and publish to settle their
@@ -223,27 +214,13 @@ type Worker struct {
 	// the pull has stopped.
 	deliveries chan jetstream.Msg
 	handlers   sync.WaitGroup
-	// background holds the loops beside the pull: the pool's pause state,
-	// the sweep of data directories.
+	// background holds the sweep of data directories.
 	background lifecycle.Group
 	stopOnce   sync.Once
 	stopErr    error
-	mu         sync.Mutex
-	running    map[string]*delivery
-	// byTenant is what the attempts running here hold, by tenant.
-	byTenant map[string]capacity.Holding
-	// qs are the pool's queues; policy its sharing policy, as last read;
-	// usage what each tenant ran here, decayed (see share.go).
-	qs     *queueSet
-	policy atomic.Pointer[job.PoolPolicy]
-	usage  usage
-	// watcher runs watchPool.
-	watcher  lifecycle.Runner
+	// runs are the deliveries running here.
+	runs     runningSet
 	draining atomic.Bool
-	// pause is whether the pool is paused, as last read.
-	pause   pauseState
-	pools   jetstream.KeyValue // the pools bucket, once opened
-	poolsMu sync.Mutex
 }
 
 // New returns a Worker; Start starts it.
@@ -258,12 +235,10 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg: cfg, nc: nc, js: js, exec: exec, names: cfg.Queue.Names,
-		log:     cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
-		slots:   newSlots(cfg.Slots),
-		running: map[string]*delivery{}, byTenant: map[string]capacity.Holding{},
-		qs: &queueSet{queues: newQueues()},
+		log: cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
+	w.p = newProducer(w)
 	if r, ok := exec.(executor.UsageReader); ok && w.cfg.Usage == nil {
 		w.cfg.Usage = executor.NewUsageSampler(r, time.Second)
 	}
@@ -287,9 +262,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := queue.WorkerPoolStream(ctx, w.js, w.cfg.Queue, w.cfg.Pool, w.log); err != nil {
 		return err
 	}
-	if err := w.bindQueues(ctx); err != nil {
-		return err
-	}
 	// Every worker hears every cancel; it acts on those of jobs it runs.
 	w.cubs, err = w.nc.Subscribe(w.names.PoolStops(w.cfg.Pool), w.onCancel)
 	if err != nil {
@@ -306,27 +278,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.stopHearing = stopHearing
 	w.settling, w.giveUp = context.WithCancel(queue.WithElections(context.WithoutCancel(ctx), elections))
 	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
-	w.pullCtx, w.stopPull = context.WithCancel(w.runCtx)
-	w.words = make(chan *nats.Msg, wordsKept)
-	if w.wsub, err = w.nc.ChanSubscribe(w.names.PoolQueues(w.cfg.Pool), w.words); err != nil {
-		return fmt.Errorf("subscribe to the pool's state: %w", err)
-	}
-	if w.qsub, err = w.nc.Subscribe(w.names.PoolQueues(w.cfg.Pool), w.onNewQueue); err != nil {
-		return fmt.Errorf("subscribe to new queues: %w", err)
-	}
-	w.readPause(ctx)
-	// The pool's state is watched, and read again every PausePoll with its
-	// queues (the first read is above).
-	poll := &lifecycle.Every{Interval: w.cfg.PausePoll, Fn: func(ctx context.Context) {
-		w.readPause(ctx)
-		w.refreshQueues(ctx)
-	}, Later: true}
-	if err := w.background.Start(ctx, "the reading of the pool's state and queues", poll); err != nil {
-		return err
-	}
-	if err := w.background.Start(ctx, "the watch of the pool's state", lifecycle.Func{StartFunc: func(ctx context.Context) error { return w.watcher.Go(ctx, w.watchPool) }, StopFunc: w.watcher.Stop}); err != nil {
-		return err
-	}
 	if k, ok := w.exec.(executor.DataKeeper); ok {
 		sweep := lifecycle.NewEvery(w.cfg.DataSweep, func(ctx context.Context) { w.sweepOnce(ctx, k) })
 		if err := w.background.Start(ctx, "the sweep of data directories", sweep); err != nil {
@@ -345,8 +296,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 		}()
 	}
-	w.pulling.Add(1)
-	go w.pull()
+	if err := w.p.start(ctx, w.runCtx); err != nil {
+		return err
+	}
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
 	return nil
 }
@@ -362,13 +314,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 }
 
 func (w *Worker) stop(ctx context.Context) error {
-	if w.stopPull == nil {
+	if w.stopRuns == nil {
 		return nil // never started
 	}
 	var err error
 	w.log.Info("draining", "running", w.Running())
 	w.draining.Store(true)
-	w.stopPull()
+	w.p.halt()
 	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
 		w.log.Info("handing running attempts off to the pool", "running", w.Running())
 		w.stopRuns(executor.ErrLeaveRunning)
@@ -376,7 +328,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	done := make(chan struct{})
 	// Open fetches end within FetchWait; what they still bring is handed
 	// back. Only they start attempts, so attempts are waited for after.
-	go func() { w.pulling.Wait(); w.attempts.Wait(); close(done) }()
+	go func() { w.p.pulling.Wait(); w.attempts.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -394,21 +346,19 @@ func (w *Worker) stop(ctx context.Context) error {
 			<-done
 		}
 	}
-	close(w.deliveries) // nothing pulls any more
+	if w.deliveries != nil {
+		close(w.deliveries) // nothing pulls any more
+	}
 	w.handlers.Wait()
 	if w.cubs != nil {
 		_ = w.cubs.Unsubscribe()
 	}
-	if w.qsub != nil {
-		_ = w.qsub.Unsubscribe()
-	}
 	if w.stopHearing != nil {
 		w.stopHearing()
 	}
-	if w.wsub != nil {
-		_ = w.wsub.Unsubscribe()
+	if perr := w.p.close(context.WithoutCancel(ctx)); perr != nil {
+		err = errors.Join(err, perr)
 	}
-	w.unlisten()
 	w.stopRuns(executor.ErrRequeue)
 	if berr := w.background.Stop(context.WithoutCancel(ctx)); berr != nil {
 		err = errors.Join(err, berr)
@@ -439,205 +389,17 @@ func (w *Worker) recover(ctx context.Context) error {
 }
 
 // Running returns how many attempts are running.
-func (w *Worker) Running() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.running)
-}
+func (w *Worker) Running() int { return w.runs.len() }
 
-// hold counts h in what tenant runs here (sign 1), or no longer (-1).
-func (w *Worker) hold(tenant string, h capacity.Holding, sign int64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.byTenant == nil {
-		w.byTenant = map[string]capacity.Holding{}
-	}
-	o := w.byTenant[tenant]
-	o = o.Add(capacity.Holding{Slots: sign * h.Slots, CPUMilli: sign * h.CPUMilli, MemoryBytes: sign * h.MemoryBytes, GPUs: sign * h.GPUs})
-	if o.Slots <= 0 {
-		delete(w.byTenant, tenant)
-		return
-	}
-	w.byTenant[tenant] = o
+// holdings returns what the attempts running here hold, by tenant.
+func (w *Worker) holdings() map[string]capacity.Holding { return w.runs.holdings() }
+
+// deliver hands a message the producer pulled, in a slot of its own, to
+// a handler.
+func (w *Worker) deliver(msg jetstream.Msg) {
+	w.attempts.Add(1)
+	w.deliveries <- msg
 }
 
 // Draining reports whether Stop has been called.
 func (w *Worker) Draining() bool { return w.draining.Load() }
-
-// pull asks the pool's queues for as many messages as there are free
-// slots, and starts an attempt for each message as it arrives. With one
-// queue, several fetches may be open at once, waiting for jobs; together
-// they never ask for more messages than the worker has free slots. With
-// several, the plan of share.go says how many to take from which, and the
-// loop waits to hear of work when none waits.
-func (w *Worker) pull() {
-	defer w.pulling.Done()
-	maxBatch := min(w.cfg.Slots, 256)
-	wait := lifecycle.Backoff(w.pullCtx, 100*time.Millisecond, 5*time.Second)
-	// At most two pull requests are open at once: an open request takes
-	// every message that arrives until it has its count, so more would
-	// only keep the server busy with requests that wait and expire.
-	fetches := make(chan struct{}, 2)
-	// failing counts pull requests in a row that the server ended with an
-	// error before any message (no responders while the consumer's leader
-	// moves): the next ones wait longer, instead of asking again at once.
-	var failing atomic.Int32
-	for {
-		if !w.pause.waitResumed(w.pullCtx) {
-			return
-		}
-		select {
-		case fetches <- struct{}{}:
-		case <-w.pullCtx.Done():
-			return
-		}
-		n, err := w.slots.acquireAll(w.pullCtx, maxBatch)
-		if err != nil {
-			return
-		}
-		// Under load slots come back one at a time; wait a moment to ask
-		// for several in one pull request.
-		if n < maxBatch/4 {
-			time.Sleep(200 * time.Microsecond)
-			if more, _ := w.slots.tryAcquire(maxBatch - n); more > 0 {
-				n += more
-			}
-		}
-		// Resources may be shorter than slots: ask only for what fits.
-		if r, ok := w.cfg.Capacity.(capacity.Room); ok {
-			if room := r.Room(); room < n {
-				ended := w.ended.wait()
-				w.slots.release(n - room)
-				if n = room; n == 0 {
-					<-fetches
-					select {
-					case <-ended:
-					case <-w.pullCtx.Done():
-						return
-					}
-					continue
-				}
-			}
-		}
-		only := w.qs.only()
-		if only == nil {
-			// Several queues, or none yet: pull in the plan's order, or
-			// wait to hear of work.
-			if w.pullPlanned(n, func() { <-fetches }) {
-				continue
-			}
-			<-fetches
-			w.slots.release(n)
-			select {
-			case <-w.qs.wake:
-			case <-w.ended.wait():
-			case <-time.After(w.cfg.PausePoll):
-			case <-w.pullCtx.Done():
-				return
-			}
-			continue
-		}
-		// A pull request waiting on the only queue holds its slots and its
-		// place among the open fetches until it expires, unless the pool
-		// gets another queue meanwhile (see waiting): noted before the
-		// queues are looked at again, so that a queue bound from now on
-		// cuts its wait.
-		req := w.qs.wait(n, w.cfg.FetchWait, func() { <-fetches })
-		if w.qs.only() != only {
-			w.slots.release(w.qs.waited(req))
-			req.free()
-			continue
-		}
-		batch, err := only.cons.Fetch(n, w.fetchOpts()...)
-		if err != nil {
-			w.slots.release(w.qs.waited(req))
-			req.free()
-			if w.pullCtx.Err() != nil {
-				return
-			}
-			next := wait.NextBackOff()
-			w.log.Warn("fetch failed", "err", err, "again_in", next.Round(time.Millisecond))
-			if gone(err) {
-				// The queue's consumer or the pool's stream was deleted (an
-				// operator moving the pool to a stream of its own): make it
-				// again.
-				w.rebind(only)
-			}
-			if next == backoff.Stop {
-				return
-			}
-			select {
-			case <-w.pullCtx.Done():
-				return
-			case <-time.After(next):
-			}
-			continue
-		}
-		wait.Reset()
-		w.pulling.Add(1)
-		go func() {
-			defer w.pulling.Done()
-			used := 0
-			for msg := range batch.Messages() {
-				used++
-				if !req.take() {
-					// Its wait was cut and its slots went back: the message
-					// takes one that is free, or goes back to its queue.
-					if got, _ := w.slots.tryAcquire(1); got == 0 {
-						w.handBack(only, req, msg)
-						continue
-					}
-				}
-				w.catchUp()
-				w.attempts.Add(1)
-				w.deliveries <- msg
-			}
-			if used > 0 {
-				only.told.Store(0) // what a dispatcher said was on its way came
-			}
-			w.slots.release(w.qs.waited(req))
-			err := batch.Error()
-			switch {
-			case gone(err):
-				// Deleted while the request waited, even after it brought
-				// messages: that answer is the only one the fetches get.
-				w.rebind(only)
-			case errors.Is(err, nats.ErrNoResponders):
-				w.unanswered(only)
-			}
-			if used > 0 || err == nil || errors.Is(err, nats.ErrTimeout) || w.pullCtx.Err() != nil {
-				failing.Store(0)
-				req.free()
-				return
-			}
-			k := min(failing.Add(1), 7)
-			pause := min(10*time.Millisecond<<k, time.Second)
-			w.log.Debug("fetch ended", "err", err, "again_in", pause)
-			select {
-			case <-time.After(pause):
-			case <-w.pullCtx.Done():
-			}
-			req.free()
-		}()
-	}
-}
-
-// fetchOpts are a waiting pull's: it lasts FetchWait, and the server says
-// every quarter of it that it still holds it, so that a pull lost (with the
-// server the worker was connected to, or as its queue's leadership moves)
-// ends after half of FetchWait, its slots free for the next, rather than at
-// its end.
-func (w *Worker) fetchOpts() []jetstream.FetchOpt {
-	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(w.cfg.FetchWait)}
-	if hb := w.cfg.FetchWait / 4; hb >= 50*time.Millisecond {
-		opts = append(opts, jetstream.FetchHeartbeat(hb))
-	}
-	return opts
-}
-
-// gone reports a fetch that failed because the consumer or its stream no
-// longer exists.
-func gone(err error) bool {
-	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
-		errors.Is(err, jetstream.ErrStreamNotFound)
-}

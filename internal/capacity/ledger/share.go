@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -90,7 +89,7 @@ func (s *share) learn(tenants map[string]capacity.TenantUse) {
 		hl := s.policy.HalfLifeOr()
 		for t, u := range s.shares.Tenants {
 			if _, ok := tenants[t]; !ok {
-				u.Usage = Decay(u.Usage, now.Sub(s.shares.At), hl)
+				u.Usage = capacity.Decay(u.Usage, now.Sub(s.shares.At), hl)
 				s.shares.Tenants[t] = u
 			}
 		}
@@ -117,14 +116,6 @@ func (s *share) view(v *capacity.PoolView, own capacity.Totals) {
 		sh.Tenants = map[string]capacity.TenantUse{}
 	}
 	s.shares = sh
-}
-
-// Decay is usage u decayed over d with half-life hl.
-func Decay(u float64, d, hl time.Duration) float64 {
-	if d <= 0 || hl <= 0 {
-		return u
-	}
-	return u * math.Pow(2, -float64(d)/float64(hl))
 }
 
 // quotaLocked says why the worker's own leases of the lease's tenant

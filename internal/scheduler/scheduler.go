@@ -1,4 +1,4 @@
-package dispatcher
+package scheduler
 
 import (
 	"context"
@@ -25,10 +25,10 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// DefaultScheduleLease is how long the dispatcher that fires the schedules
-// holds its lease without renewing it (Config.ScheduleLease): after a
-// SIGKILL, the firings resume within it and a second.
-const DefaultScheduleLease = 3 * time.Second
+// DefaultLease is how long the dispatcher that fires the schedules holds
+// their lease without renewing it (Config.Lease): after a SIGKILL, the
+// firings resume within it and a second.
+const DefaultLease = 3 * time.Second
 
 // scheduleFiresAtOnce bounds the schedules whose firings are made one
 // schedule at a time (see fireDue: most are made in one batch);
@@ -38,19 +38,21 @@ const (
 	schedulePreparesAtOnce = 16
 )
 
-// scheduler fires the schedules of every tenant from the dispatcher that
+// Scheduler fires the schedules of every tenant from the dispatcher that
 // holds the schedules' lease: it follows the schedules in their bucket,
 // sleeps until the next firing is due, and makes it through Submit, as a
 // producer's request would be, with the firing's id. What each firing did
 // is kept in the bucket beside the schedule, so that the next holder of
 // the lease goes on from there.
-type scheduler struct {
-	d     *Dispatcher
-	kv    jetstream.KeyValue
-	log   *slog.Logger
-	now   func() time.Time
-	lease *lease
-	m     scheduleMetrics
+type Scheduler struct {
+	d      Dispatcher
+	kv     Bucket
+	js     Publisher
+	limits job.Limits
+	log    *slog.Logger
+	now    func() time.Time
+	lease  *lease
+	m      scheduleMetrics
 
 	leasing lifecycle.Every
 	// leading is the run of the lease's holder; nil when it does not hold
@@ -94,10 +96,13 @@ type entry struct {
 	preparing bool
 }
 
-func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
-	log := d.cfg.Logger.With("component", "scheduler")
-	s := &scheduler{d: d, kv: kv, log: log, now: d.cfg.Now, lease: newLease(kv, d.peers.self, d.cfg.ScheduleLease, log),
-		m: newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
+// New returns the scheduler of cfg; Start starts it.
+func New(cfg Config) *Scheduler {
+	cfg = cfg.withDefaults()
+	log := cfg.Logger.With("component", "scheduler")
+	s := &Scheduler{d: cfg.Dispatcher, kv: cfg.Bucket, js: cfg.JetStream, limits: cfg.Limits, log: log, now: cfg.Now,
+		lease: newLease(cfg.Bucket, cfg.Self, cfg.Lease, log),
+		m:     newScheduleMetrics(telemetry.Meter()), wake: make(chan struct{}, 1),
 		due: make(chan *fired), fired: make(chan *fired, firedBuffer), prepping: make(chan struct{}, schedulePreparesAtOnce),
 		entries: map[string]*entry{}}
 	s.leasing = lifecycle.Every{Interval: s.lease.every(), Fn: s.tick}
@@ -105,14 +110,14 @@ func newScheduler(d *Dispatcher, kv jetstream.KeyValue) *scheduler {
 }
 
 // Start starts taking part in the lease.
-func (s *scheduler) Start(ctx context.Context) error {
+func (s *Scheduler) Start(ctx context.Context) error {
 	s.unregister = s.gauges()
 	return s.leasing.Start(ctx)
 }
 
 // Stop stops firing, and gives the lease up for another dispatcher to take
 // at once.
-func (s *scheduler) Stop(ctx context.Context) error {
+func (s *Scheduler) Stop(ctx context.Context) error {
 	err := s.leasing.Stop(ctx)
 	s.stopLeading(ctx)
 	s.lease.release(ctx)
@@ -124,7 +129,7 @@ func (s *scheduler) Stop(ctx context.Context) error {
 }
 
 // tick keeps the lease, and starts or stops firing as it is held or not.
-func (s *scheduler) tick(ctx context.Context) {
+func (s *Scheduler) tick(ctx context.Context) {
 	held := s.lease.keep(ctx)
 	s.leads.Store(held)
 	switch {
@@ -145,7 +150,7 @@ func (s *scheduler) tick(ctx context.Context) {
 	}
 }
 
-func (s *scheduler) stopLeading(ctx context.Context) {
+func (s *Scheduler) stopLeading(ctx context.Context) {
 	if s.leading == nil {
 		return
 	}
@@ -162,7 +167,7 @@ func (s *scheduler) stopLeading(ctx context.Context) {
 
 // lead fires the schedules until ctx ends: it reads what their firings
 // did, follows the schedules, and makes each firing when it is due.
-func (s *scheduler) lead(ctx context.Context) error {
+func (s *Scheduler) lead(ctx context.Context) error {
 	defer s.fires.Wait()
 	states, err := s.states(ctx)
 	if err != nil {
@@ -215,7 +220,7 @@ func (s *scheduler) lead(ctx context.Context) error {
 
 // firing makes the firings that are due until ctx ends, and hands what
 // they did to recording.
-func (s *scheduler) firing(ctx context.Context) {
+func (s *Scheduler) firing(ctx context.Context) {
 	for {
 		select {
 		case r := <-s.due:
@@ -242,7 +247,7 @@ const (
 // recording records what the firings did until ctx ends: what is there
 // to record once the firings due are made (at most recordAfter later), in
 // one batch.
-func (s *scheduler) recording(ctx context.Context) {
+func (s *Scheduler) recording(ctx context.Context) {
 	batch := make([]*fired, 0, 64)
 	for {
 		select {
@@ -271,7 +276,7 @@ func (s *scheduler) recording(ctx context.Context) {
 var errFeedEnded = errors.New("the feed of the schedules ended")
 
 // states reads what every schedule's firings did.
-func (s *scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
+func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 	w, err := s.kv.Watch(ctx, "state.>", jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("read the schedules' firings: %w", err)
@@ -296,7 +301,7 @@ type stateEntry struct {
 }
 
 // apply takes in a schedule as its bucket holds it now.
-func (s *scheduler) apply(e jetstream.KeyValueEntry, states map[string]stateEntry) {
+func (s *Scheduler) apply(e jetstream.KeyValueEntry, states map[string]stateEntry) {
 	key := strings.TrimPrefix(e.Key(), "spec.")
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -310,7 +315,7 @@ func (s *scheduler) apply(e jetstream.KeyValueEntry, states map[string]stateEntr
 		s.log.Warn("a schedule that cannot be read is not fired", "key", e.Key(), "err", err)
 		return
 	}
-	spec, err := schedule.Validate(&sc, s.d.cfg.Limits)
+	spec, err := schedule.Validate(&sc, s.limits)
 	if err != nil {
 		s.log.Warn("a schedule no longer valid is not fired", "tenant", sc.Tenant, "schedule", sc.Name, "err", err)
 		delete(s.entries, key)
@@ -338,7 +343,7 @@ func (s *scheduler) apply(e jetstream.KeyValueEntry, states map[string]stateEntr
 }
 
 // poke wakes the loop.
-func (s *scheduler) poke() {
+func (s *Scheduler) poke() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -375,7 +380,7 @@ const maxSleep = time.Minute
 // dispatch starts the firings that are due, and the making ready of
 // those due within prepareAhead, and returns how long to wait until the
 // next of either.
-func (s *scheduler) dispatch(ctx context.Context) time.Duration {
+func (s *Scheduler) dispatch(ctx context.Context) time.Duration {
 	now := s.now()
 	soonest := now.Add(maxSleep)
 	s.mu.Lock()
@@ -433,7 +438,7 @@ func (s *scheduler) dispatch(ctx context.Context) time.Duration {
 // batch; the others (several firings to make up, none made ready, an
 // overlap policy that must look at the previous firing's job) one
 // schedule at a time, by the scheduleFiresAtOnce goroutines of firing.
-func (s *scheduler) fireDue(ctx context.Context, due []*entry) {
+func (s *Scheduler) fireDue(ctx context.Context, due []*entry) {
 	var batch, alone []*fired
 	for _, e := range due {
 		r := s.take(ctx, e)
@@ -490,7 +495,7 @@ type fired struct {
 // take is what a schedule's firings due now need: the schedule and what
 // its firings did as they are, the firings due, and those too late
 // counted as missed.
-func (s *scheduler) take(ctx context.Context, e *entry) *fired {
+func (s *Scheduler) take(ctx context.Context, e *entry) *fired {
 	s.mu.Lock()
 	sc, spec, st, rev, prep := e.s, e.spec, e.state, e.stateRev, e.prep
 	st.Recent = append([]job.Firing(nil), st.Recent...)
@@ -532,7 +537,7 @@ func batchable(r *fired) bool {
 
 // fire makes the firings of r one after the other; settle records what
 // they did.
-func (s *scheduler) fire(ctx context.Context, r *fired) {
+func (s *Scheduler) fire(ctx context.Context, r *fired) {
 	for _, at := range r.ats {
 		p := r.prep
 		if p != nil && !p.at.Equal(at) {
@@ -547,7 +552,7 @@ func (s *scheduler) fire(ctx context.Context, r *fired) {
 
 // did takes in what the firing at at of r did, f, or that it failed
 // with err, and reports whether the next one may be made.
-func (s *scheduler) did(ctx context.Context, r *fired, at time.Time, f job.Firing, err error) bool {
+func (s *Scheduler) did(ctx context.Context, r *fired, at time.Time, f job.Firing, err error) bool {
 	if err != nil {
 		if ctx.Err() == nil {
 			lvl := slog.LevelWarn
@@ -570,28 +575,28 @@ func (s *scheduler) did(ctx context.Context, r *fired, at time.Time, f job.Firin
 const batchTimeout = 10 * time.Second
 
 // fireBatch makes the firings of rs (each batchable) at once: their jobs'
-// submissions are one batch (Dispatcher.submitBatch), whose writes share
+// submissions are one batch (Dispatcher.SubmitBatch), whose writes share
 // the connection's and the stream's, rather than one write waited for at
 // a time by each of scheduleFiresAtOnce goroutines. What each did goes to
 // the recordings as its answer comes.
-func (s *scheduler) fireBatch(ctx context.Context, rs []*fired) {
+func (s *Scheduler) fireBatch(ctx context.Context, rs []*fired) {
 	bctx, cancel := context.WithTimeout(ctx, batchTimeout)
 	defer cancel()
-	subs := make([]*batched, len(rs))
+	subs := make([]Submission, len(rs))
+	ctxs := make([]context.Context, len(rs))
 	spans := make([]trace.Span, len(rs))
 	for i, r := range rs {
 		at := r.ats[0]
-		fctx, span := s.startFiring(bctx, r.sc, at, job.FiringID(r.sc.Name, at))
-		subs[i], spans[i] = &batched{ctx: fctx, tenant: r.sc.Tenant, req: r.prep.req}, span
+		ctxs[i], spans[i] = s.startFiring(bctx, r.sc, at, job.FiringID(r.sc.Name, at))
+		subs[i] = Submission{Ctx: ctxs[i], Tenant: r.sc.Tenant, Req: r.prep.req}
 	}
-	s.d.submitBatch(subs, func(b *batched) {
-		r, at := rs[b.index], rs[b.index].ats[0]
+	s.d.SubmitBatch(subs, func(i int, reply *job.SubmitReply, err error) {
+		r, at := rs[i], rs[i].ats[0]
 		f := job.Firing{At: at, JobID: job.FiringID(r.sc.Name, at)}
-		err := b.err
 		if err == nil {
-			f = s.made(b.ctx, r.sc, &r.st, at, f, b.reply)
+			f = s.made(ctxs[i], r.sc, &r.st, at, f, reply)
 		}
-		endFiring(spans[b.index], f, err)
+		endFiring(spans[i], f, err)
 		s.did(ctx, r, at, f, err)
 		s.making.done(1)
 		select {
@@ -603,7 +608,7 @@ func (s *scheduler) fireBatch(ctx context.Context, rs []*fired) {
 }
 
 // settle records what a schedule's firings did, and when it fires next.
-func (s *scheduler) settle(ctx context.Context, r *fired) {
+func (s *Scheduler) settle(ctx context.Context, r *fired) {
 	rev := r.rev
 	if r.changed && !s.gone(r) {
 		rev = s.writeState(ctx, r.sc, &r.st, rev)
@@ -613,7 +618,7 @@ func (s *scheduler) settle(ctx context.Context, r *fired) {
 
 // gone reports whether the schedule of r was deleted, or made again,
 // since it fired.
-func (s *scheduler) gone(r *fired) bool {
+func (s *Scheduler) gone(r *fired) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.entries[r.sc.Tenant+"."+r.sc.Name] != r.e
@@ -628,7 +633,7 @@ const recordWait = 500 * time.Millisecond
 // makes it) are sent without waiting for each answer, and the answers
 // read after. A write refused or not answered is made again alone by
 // writeState, which reads back the state another dispatcher wrote.
-func (s *scheduler) settleAll(ctx context.Context, rs []*fired) {
+func (s *Scheduler) settleAll(ctx context.Context, rs []*fired) {
 	futs := make([]jetstream.PubAckFuture, len(rs))
 	write := make([]bool, len(rs))
 	for i, r := range rs {
@@ -639,10 +644,10 @@ func (s *scheduler) settleAll(ctx context.Context, rs []*fired) {
 		if err != nil {
 			continue
 		}
-		m := nats.NewMsg("$KV." + s.kv.Bucket() + "." + stateKey(r.sc.Tenant, r.sc.Name))
+		m := nats.NewMsg("$KV." + s.kv.Bucket() + "." + StateKey(r.sc.Tenant, r.sc.Name))
 		m.Data = data
 		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(r.rev, 10))
-		futs[i], _ = s.d.js.PublishMsgAsync(m)
+		futs[i], _ = s.js.PublishMsgAsync(m)
 	}
 	t := time.NewTimer(recordWait)
 	defer t.Stop()
@@ -679,7 +684,7 @@ func (s *scheduler) settleAll(ctx context.Context, rs []*fired) {
 
 // settled takes in what the firings of r did, recorded at revision rev,
 // and when its schedule fires next.
-func (s *scheduler) settled(r *fired, rev uint64) {
+func (s *Scheduler) settled(r *fired, rev uint64) {
 	e, sc, st, now, failed := r.e, r.sc, r.st, r.now, r.failed
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -698,12 +703,14 @@ func (s *scheduler) settled(r *fired, rev uint64) {
 	e.next = nextFiring(e)
 }
 
-func specKey(tenant, name string) string  { return "spec." + tenant + "." + name }
-func stateKey(tenant, name string) string { return "state." + tenant + "." + name }
+// SpecKey is the key of a schedule in the schedules bucket, StateKey the
+// key of what its firings did.
+func SpecKey(tenant, name string) string  { return "spec." + tenant + "." + name }
+func StateKey(tenant, name string) string { return "state." + tenant + "." + name }
 
-// templateKey binds a template's sealed secrets to its schedule. Its pool
+// TemplateKey binds a template's sealed secrets to its schedule. Its pool
 // is no pool's name, so the text cannot be moved to a job's record.
-func templateKey(tenant, name string) queue.JobKey {
+func TemplateKey(tenant, name string) queue.JobKey {
 	return queue.JobKey{Tenant: tenant, Pool: "~schedule", ID: name}
 }
 
@@ -729,7 +736,7 @@ func (m scheduleMetrics) count(ctx context.Context, sc *job.Schedule, o job.Firi
 
 // gauges registers the next firing's time of each schedule, and whether
 // this dispatcher fires them; the returned function unregisters them.
-func (s *scheduler) gauges() func() {
+func (s *Scheduler) gauges() func() {
 	m := telemetry.Meter()
 	next, _ := m.Float64ObservableGauge("fleet.schedule.next_firing.timestamp", metric.WithUnit("s"),
 		metric.WithDescription("When each schedule fires next, in seconds since the Unix epoch (reported by the dispatcher that fires them)"))

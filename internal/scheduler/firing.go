@@ -1,4 +1,4 @@
-package dispatcher
+package scheduler
 
 import (
 	"cmp"
@@ -22,7 +22,7 @@ import (
 // fireOne makes one firing: it applies the overlap policy to the previous
 // firing's job, then submits the template with the firing's id. An error
 // means the fleet could not decide now; the firing is tried again.
-func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, p *prepared) (job.Firing, error) {
+func (s *Scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, p *prepared) (job.Firing, error) {
 	id := job.FiringID(sc.Name, at)
 	ctx, span := s.startFiring(ctx, sc, at, id)
 	f, err := s.makeFiring(ctx, sc, st, at, id, p)
@@ -31,7 +31,7 @@ func (s *scheduler) fireOne(ctx context.Context, sc *job.Schedule, st *job.Sched
 }
 
 // startFiring starts the span of a schedule's firing at at, whose job is id.
-func (s *scheduler) startFiring(ctx context.Context, sc *job.Schedule, at time.Time, id string) (context.Context, trace.Span) {
+func (s *Scheduler) startFiring(ctx context.Context, sc *job.Schedule, at time.Time, id string) (context.Context, trace.Span) {
 	return telemetry.Tracer().Start(ctx, "fleet.schedule.fire", trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("fleet.tenant", sc.Tenant), attribute.String("fleet.schedule", sc.Name),
 			attribute.String("fleet.schedule.firing", at.UTC().Format(time.RFC3339)), attribute.String("fleet.job.id", id)))
@@ -49,13 +49,13 @@ func endFiring(span trace.Span, f job.Firing, err error) {
 }
 
 // p, if not nil, is the firing made ready before its time.
-func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, id string,
+func (s *Scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, id string,
 	p *prepared) (job.Firing, error) {
 	f := job.Firing{At: at, JobID: id}
 	policy := cmp.Or(sc.Overlap, job.OverlapSkip)
 	prev := st.Previous
 	if !overlapDecided(sc, st, id, p) {
-		state, final, err := s.d.jobs.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
+		state, final, err := s.d.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
 		case err != nil:
@@ -78,7 +78,7 @@ func (s *scheduler) makeFiring(ctx context.Context, sc *job.Schedule, st *job.Sc
 	var reply *job.SubmitReply
 	var err error
 	if p != nil && p.req != nil {
-		reply, err = s.d.submitValid(ctx, sc.Tenant, p.req)
+		reply, err = s.d.SubmitValid(ctx, sc.Tenant, p.req)
 	} else {
 		var data []byte
 		if data, err = s.request(sc, at); err != nil {
@@ -104,7 +104,7 @@ func overlapDecided(sc *job.Schedule, st *job.ScheduleState, id string, p *prepa
 
 // made is what a firing f did, its job's submission answered reply: made
 // (st keeps it as the previous firing), or rejected.
-func (s *scheduler) made(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, f job.Firing,
+func (s *Scheduler) made(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, at time.Time, f job.Firing,
 	reply *job.SubmitReply) job.Firing {
 	if reply.Rejected() {
 		f.Outcome, f.Error = job.FiringRejected, reply.Error
@@ -141,7 +141,7 @@ type prepared struct {
 }
 
 // prepare makes a schedule's next firing ready (see prepared).
-func (s *scheduler) prepare(ctx context.Context, e *entry) {
+func (s *Scheduler) prepare(ctx context.Context, e *entry) {
 	s.mu.Lock()
 	sc, at, prev := e.s, e.next, e.state.Previous
 	if e.busy || !s.now().Before(at) { // too late: it is being fired
@@ -152,14 +152,14 @@ func (s *scheduler) prepare(ctx context.Context, e *entry) {
 	s.mu.Unlock()
 	p := &prepared{sc: sc, at: at}
 	if data, err := s.request(sc, at); err == nil {
-		limits := s.d.cfg.Limits
+		limits := s.limits
 		if req, err := job.DecodeRequest(data, limits); err == nil && req.Validate(limits) == nil {
 			p.req = req
 		}
 	}
 	id := job.FiringID(sc.Name, at)
 	if cmp.Or(sc.Overlap, job.OverlapSkip) != job.OverlapAllow && prev != nil && prev.JobID != "" && prev.JobID != id {
-		_, final, err := s.d.jobs.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
+		_, final, err := s.d.LastState(ctx, queue.JobKey{Tenant: sc.Tenant, Pool: prev.Pool, ID: prev.JobID})
 		if err == nil && final {
 			p.ended = prev.JobID
 		}
@@ -174,9 +174,9 @@ func (s *scheduler) prepare(ctx context.Context, e *entry) {
 
 // request is the request of a schedule's firing at at, its template's
 // secrets opened, encoded as a producer would send it.
-func (s *scheduler) request(sc *job.Schedule, at time.Time) ([]byte, error) {
+func (s *Scheduler) request(sc *job.Schedule, at time.Time) ([]byte, error) {
 	r := schedule.Firing(sc, at)
-	if err := s.d.sealer.Open(templateKey(sc.Tenant, sc.Name), r, sc.Secrets); err != nil {
+	if err := s.d.OpenSecrets(TemplateKey(sc.Tenant, sc.Name), r, sc.Secrets); err != nil {
 		return nil, fmt.Errorf("open the template's secrets: %w", err)
 	}
 	data, err := json.Marshal(r)
@@ -206,8 +206,8 @@ func record(st *job.ScheduleState, f job.Firing) {
 // on the revision last read or written, and returns the new revision. A
 // write another dispatcher got in first is read back: the state that went
 // further wins. A write that fails is tried again with the next firing.
-func (s *scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
-	key := stateKey(sc.Tenant, sc.Name)
+func (s *Scheduler) writeState(ctx context.Context, sc *job.Schedule, st *job.ScheduleState, rev uint64) uint64 {
+	key := StateKey(sc.Tenant, sc.Name)
 	for try := 0; try < 3; try++ {
 		data, err := json.Marshal(st)
 		if err != nil {

@@ -1,4 +1,4 @@
-package dispatcher
+package scheduler
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 // paused process, a partition), a firing still runs once: its job's id is
 // the compare-and-set of its pool's stream.
 type lease struct {
-	kv   jetstream.KeyValue
+	kv   Bucket
 	self leaseValue
 	ttl  time.Duration
 	log  *slog.Logger
@@ -48,7 +48,7 @@ type leaseValue struct {
 	Host   string `json:"host,omitempty"`
 }
 
-func newLease(kv jetstream.KeyValue, self string, ttl time.Duration, log *slog.Logger) *lease {
+func newLease(kv Bucket, self string, ttl time.Duration, log *slog.Logger) *lease {
 	host, _ := os.Hostname()
 	return &lease{kv: kv, self: leaseValue{Holder: self, Host: host}, ttl: ttl, log: log}
 }
