@@ -233,23 +233,44 @@ func (c *Client) historyThrough(ctx context.Context, id string) (*job.HistoryRep
 	}
 }
 
+// readTry bounds one try of a read (status, history). A request, or its
+// answer, can be lost with a NATS server: the one the client or the
+// answering dispatcher was connected to dies while it is on its way. A
+// read not answered within readTry is sent again, rather than waited for
+// until ctx ends (a Result given two minutes would wait all of them for
+// an answer that was never coming). A dispatcher answers in milliseconds,
+// within 10 s even in an election, and a read asked twice is answered
+// twice the same.
+const readTry = 3 * time.Second
+
 // request sends one of the tenant's requests about job id to the
 // dispatchers and decodes the answer into v. While no dispatcher is there
-// to answer (NATS says so at once), it is sent again, until ctx ends (10
-// seconds without a deadline); an answer that does not come is an error.
+// to answer (NATS says so at once), it is sent again, and so is a read
+// not answered within readTry, until ctx ends (10 seconds without a
+// deadline); an answer that does not come is an error. A cancel or a retry
+// is sent once a dispatcher is there: it is not a read.
 func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	if !job.ValidID(id) {
 		return fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
+	read := verb == "status" || verb == "history"
 	var m *nats.Msg
 	err := backoff.Retry(func() (err error) {
-		m, err = c.nc.RequestWithContext(ctx, c.names.Request(c.tenant, verb, id), nil)
-		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
-			return backoff.Permanent(err)
+		try, cancel := ctx, context.CancelFunc(func() {})
+		if read {
+			try, cancel = context.WithTimeout(ctx, readTry)
 		}
-		return err
+		defer cancel()
+		m, err = c.nc.RequestWithContext(try, c.names.Request(c.tenant, verb, id), nil)
+		switch {
+		case err == nil, errors.Is(err, nats.ErrNoResponders):
+			return err
+		case read && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return err // lost on the way: asked again
+		}
+		return backoff.Permanent(err)
 	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", verb, id, err)
