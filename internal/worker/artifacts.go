@@ -29,7 +29,7 @@ func (d *delivery) openArtifacts() executor.Artifacts {
 	// by its tenant: its outputs and log go to outputs/<tenant>/... and
 	// logs/<tenant>/..., its inputs are its tenant's only.
 	d.arts = w.cfg.Artifacts.Attempt(d.id, d.n, d.req, artifact.AttemptOptions{Tenant: d.key.Tenant, Pool: d.key.Pool,
-		Limits: lim, LogContext: w.settling,
+		Limits: lim, LogContext: w.scope.settle,
 		// A job handed back runs again under the same attempt number.
 		Rerun: d.rec.Handbacks > 0})
 	return d.arts

@@ -80,7 +80,7 @@ var errSuperseded = errors.New("a later attempt took the job over")
 // handle runs one delivery. It never returns before the message is
 // acknowledged, handed back, scheduled again, or left for redelivery.
 func (w *Worker) handle(msg jetstream.Msg) {
-	defer w.attempts.Done()
+	defer w.handlers.attempts.Done()
 	d := &delivery{w: w, msg: msg}
 	defer d.freeSlot()
 	if err := d.handle(); err != nil {
@@ -145,8 +145,8 @@ func (d *delivery) receive() (context.Context, *situation) {
 	s := &situation{now: time.Now(), retryDelay: w.cfg.Retry}
 	fail := func(err error) (context.Context, *situation) {
 		s.malformed = err
-		d.ctx, d.cancel = context.WithCancelCause(w.settling)
-		return w.settling, s
+		d.ctx, d.cancel = context.WithCancelCause(w.scope.settle)
+		return w.scope.settle, s
 	}
 	meta, err := d.msg.Metadata()
 	if err != nil {
@@ -175,13 +175,13 @@ func (d *delivery) receive() (context.Context, *situation) {
 
 	// Register before reading the record: a cancel published after the
 	// dispatcher wrote the record then reaches this delivery.
-	d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
+	d.ctx, d.cancel = context.WithCancelCause(w.scope.run)
 	if !w.runs.add(d) {
 		d.cancel(nil)
 		return nil, nil
 	}
 
-	ctx := telemetry.Propagator.Extract(w.settling, queue.HeaderCarrier(d.msg.Headers()))
+	ctx := telemetry.Propagator.Extract(w.scope.settle, queue.HeaderCarrier(d.msg.Headers()))
 	d.traceID = telemetry.TraceID(ctx)
 	// On a first delivery the record is the message itself, at the
 	// message's sequence: the worker's first write is a compare-and-set
@@ -517,7 +517,7 @@ func (d *delivery) releaseLease() {
 	}
 	l := *d.lease
 	d.lease = nil
-	if err := d.w.cfg.Capacity.Release(context.WithoutCancel(d.w.settling), l); err != nil {
+	if err := d.w.cfg.Capacity.Release(context.WithoutCancel(d.w.scope.settle), l); err != nil {
 		d.log().Warn("capacity release failed", "err", err)
 	}
 }

@@ -217,9 +217,8 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	w.m = newMetrics(noopMeter, w)
 	w.p = newProducer(w)
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))
-	w.settling, w.giveUp = context.WithCancel(context.Background())
-	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
-	t.Cleanup(w.giveUp)
+	w.scope = newScopes(context.Background())
+	t.Cleanup(w.scope.giveUp)
 	return w
 }
 

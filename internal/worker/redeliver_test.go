@@ -216,12 +216,12 @@ func deliver(t *testing.T, h *hand, id string, exec executor.Executor, msg *fake
 	w := testWorker(t, h, Config{ID: id})
 	w.exec = exec
 	w.p.slots.acquireAll(context.Background(), 1)
-	w.attempts.Add(1)
+	w.handlers.attempts.Add(1)
 	// A dead worker's settlement gives up at once rather than retrying.
 	if h.dieAfter > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
-		w.settling, w.giveUp = ctx, cancel
-		w.runCtx, w.stopRuns = context.WithCancelCause(ctx)
+		w.scope.settle, w.scope.giveUp = ctx, cancel
+		w.scope.run, w.scope.stopRuns = context.WithCancelCause(ctx)
 	}
 	w.handle(deadMsg{fakeMsg: msg, h: h})
 }

@@ -282,7 +282,7 @@ func TestSettleCarriesOutEachVerb(t *testing.T) {
 			key := queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: "j"}
 			d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), key: key, id: "j", n: c.n, req: req, rev: rev}
 			d.rec, _, _ = j.Record(context.Background(), key)
-			d.ctx, d.cancel = context.WithCancelCause(w.runCtx)
+			d.ctx, d.cancel = context.WithCancelCause(w.scope.run)
 			o.log = nil // the read above is the test's
 
 			act := c.act
@@ -325,7 +325,7 @@ func TestCancelReachesARunningDelivery(t *testing.T) {
 	exec := blocking{started: make(chan struct{})}
 	w.exec = exec
 	w.p.slots.acquireAll(context.Background(), 1)
-	w.attempts.Add(1)
+	w.handlers.attempts.Add(1)
 	msg := jobMessage(t, o, &job.Request{ID: "c", Command: []string{"sleep", "60"}}, rev, 1)
 
 	// Cancels arrive from the moment the delivery starts, as they may
@@ -370,7 +370,7 @@ func TestNoCapacityWritesNothing(t *testing.T) {
 	w.cfg.Capacity = full{}
 	w.exec = blocking{started: make(chan struct{})}
 	w.p.slots.acquireAll(context.Background(), 1)
-	w.attempts.Add(1)
+	w.handlers.attempts.Add(1)
 	w.handle(jobMessage(t, o, &job.Request{ID: "n", Command: []string{"true"}}, rev, 1))
 	wantOps(t, o.all(), []string{"nak 1s"})
 	if rec := j.get("n"); rec.State != job.StateQueued || rec.Attempt != 0 {

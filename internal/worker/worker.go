@@ -198,22 +198,13 @@ type Worker struct {
 	// sealer opens the requests' secrets.
 	journal journal
 	sealer  *queue.Sealer
-	cubs    *nats.Subscription
-	// stopHearing ends the subscription to the pool's stream's elections.
-	stopHearing func()
-	m           *metrics
+	m       *metrics
+	// unsubscribe ends what Start subscribed to: the cancels and the pool's
+	// stream's elections.
+	unsubscribe []func()
 
-	runCtx   context.Context
-	stopRuns context.CancelCauseFunc
-	// settling bounds what attempts write and publish to settle their
-	// jobs; it ends only when Stop gives up on NATS (see handBackGrace).
-	settling context.Context
-	giveUp   context.CancelFunc
-	attempts sync.WaitGroup
-	// deliveries go to the handlers, one goroutine per slot; closed once
-	// the pull has stopped.
-	deliveries chan jetstream.Msg
-	handlers   sync.WaitGroup
+	scope    scopes
+	handlers handlers
 	// background holds the sweep of data directories.
 	background lifecycle.Group
 	stopOnce   sync.Once
@@ -263,10 +254,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	// Every worker hears every cancel; it acts on those of jobs it runs.
-	w.cubs, err = w.nc.Subscribe(w.names.PoolStops(w.cfg.Pool), w.onCancel)
+	cubs, err := w.nc.Subscribe(w.names.PoolStops(w.cfg.Pool), w.onCancel)
 	if err != nil {
 		return fmt.Errorf("subscribe to cancels: %w", err)
 	}
+	w.unsubscribe = append(w.unsubscribe, func() { _ = cubs.Unsubscribe() })
 
 	// A write or read sent while the pool's stream had no leader is sent
 	// again as soon as the servers say it has one (queue.Elections).
@@ -275,28 +267,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.stopHearing = stopHearing
-	w.settling, w.giveUp = context.WithCancel(queue.WithElections(context.WithoutCancel(ctx), elections))
-	w.runCtx, w.stopRuns = context.WithCancelCause(w.settling)
+	w.unsubscribe = append(w.unsubscribe, stopHearing)
+	w.scope = newScopes(queue.WithElections(context.WithoutCancel(ctx), elections))
 	if k, ok := w.exec.(executor.DataKeeper); ok {
 		sweep := lifecycle.NewEvery(w.cfg.DataSweep, func(ctx context.Context) { w.sweepOnce(ctx, k) })
 		if err := w.background.Start(ctx, "the sweep of data directories", sweep); err != nil {
 			return err
 		}
 	}
-	// One goroutine per slot handles deliveries: they start warm, with
-	// the stack a delivery needs, rather than growing one each time.
-	w.deliveries = make(chan jetstream.Msg, w.cfg.Slots)
-	for range w.cfg.Slots {
-		w.handlers.Add(1)
-		go func() {
-			defer w.handlers.Done()
-			for msg := range w.deliveries {
-				w.handle(msg)
-			}
-		}()
-	}
-	if err := w.p.start(ctx, w.runCtx); err != nil {
+	w.handlers.start(w.cfg.Slots, w.handle)
+	if err := w.p.start(ctx, w.scope.run); err != nil {
 		return err
 	}
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
@@ -314,7 +294,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 }
 
 func (w *Worker) stop(ctx context.Context) error {
-	if w.stopRuns == nil {
+	if w.scope.stopRuns == nil {
 		return nil // never started
 	}
 	var err error
@@ -323,17 +303,17 @@ func (w *Worker) stop(ctx context.Context) error {
 	w.p.halt()
 	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
 		w.log.Info("handing running attempts off to the pool", "running", w.Running())
-		w.stopRuns(executor.ErrLeaveRunning)
+		w.scope.stopRuns(executor.ErrLeaveRunning)
 	}
 	done := make(chan struct{})
 	// Open fetches end within FetchWait; what they still bring is handed
 	// back. Only they start attempts, so attempts are waited for after.
-	go func() { w.p.pulling.Wait(); w.attempts.Wait(); close(done) }()
+	go func() { w.p.pulling.Wait(); w.handlers.attempts.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
 		w.log.Warn("drain timeout: handing back running jobs", "running", w.Running())
-		w.stopRuns(executor.ErrRequeue)
+		w.scope.stopRuns(executor.ErrRequeue)
 		select {
 		case <-done:
 		case <-time.After(handBackGrace):
@@ -342,24 +322,18 @@ func (w *Worker) stop(ctx context.Context) error {
 			left := w.Running()
 			w.log.Warn("NATS does not answer: leaving the rest for redelivery", "running", left)
 			err = fmt.Errorf("stop worker: NATS did not answer; %d jobs come back to the pool after their ack wait", left)
-			w.giveUp()
+			w.scope.giveUp()
 			<-done
 		}
 	}
-	if w.deliveries != nil {
-		close(w.deliveries) // nothing pulls any more
-	}
-	w.handlers.Wait()
-	if w.cubs != nil {
-		_ = w.cubs.Unsubscribe()
-	}
-	if w.stopHearing != nil {
-		w.stopHearing()
+	w.handlers.close() // nothing pulls any more
+	for _, f := range w.unsubscribe {
+		f()
 	}
 	if perr := w.p.close(context.WithoutCancel(ctx)); perr != nil {
 		err = errors.Join(err, perr)
 	}
-	w.stopRuns(executor.ErrRequeue)
+	w.scope.stopRuns(executor.ErrRequeue)
 	if berr := w.background.Stop(context.WithoutCancel(ctx)); berr != nil {
 		err = errors.Join(err, berr)
 	}
@@ -367,7 +341,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	case <-w.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Second):
 	}
-	w.giveUp()
+	w.scope.giveUp()
 	w.log.Info("worker stopped")
 	return err
 }
@@ -396,9 +370,60 @@ func (w *Worker) holdings() map[string]capacity.Holding { return w.runs.holdings
 
 // deliver hands a message the producer pulled, in a slot of its own, to
 // a handler.
-func (w *Worker) deliver(msg jetstream.Msg) {
-	w.attempts.Add(1)
-	w.deliveries <- msg
+func (w *Worker) deliver(msg jetstream.Msg) { w.handlers.deliver(msg) }
+
+// scopes are the contexts attempts run in. settle bounds what they write
+// and publish to settle their jobs, and ends only when Stop gives up on
+// NATS (see handBackGrace); run, under it, is each attempt's, and ends
+// with a cause that says what becomes of what runs (executor.ErrRequeue,
+// executor.ErrLeaveRunning).
+type scopes struct {
+	settle   context.Context
+	giveUp   context.CancelFunc
+	run      context.Context
+	stopRuns context.CancelCauseFunc
+}
+
+func newScopes(parent context.Context) scopes {
+	var s scopes
+	s.settle, s.giveUp = context.WithCancel(parent)
+	s.run, s.stopRuns = context.WithCancelCause(s.settle)
+	return s
+}
+
+// handlers are the attempt stage's goroutines, one a slot, started warm
+// with the stack a delivery needs rather than growing one each time: each
+// takes a delivery the producer handed on, handles it, and takes the next.
+type handlers struct {
+	queue      chan jetstream.Msg
+	attempts   sync.WaitGroup // deliveries handed on and not yet handled
+	goroutines sync.WaitGroup
+}
+
+func (h *handlers) start(n int, handle func(jetstream.Msg)) {
+	h.queue = make(chan jetstream.Msg, n)
+	for range n {
+		h.goroutines.Add(1)
+		go func() {
+			defer h.goroutines.Done()
+			for msg := range h.queue {
+				handle(msg)
+			}
+		}()
+	}
+}
+
+func (h *handlers) deliver(msg jetstream.Msg) {
+	h.attempts.Add(1)
+	h.queue <- msg
+}
+
+// close ends the goroutines once nothing is handed on any more.
+func (h *handlers) close() {
+	if h.queue != nil {
+		close(h.queue)
+	}
+	h.goroutines.Wait()
 }
 
 // Draining reports whether Stop has been called.
