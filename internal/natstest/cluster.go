@@ -297,7 +297,50 @@ func (c *Cluster) Kill(i int) {
 
 // Freeze stops server i with SIGSTOP: its connections stay open but
 // nothing answers, as with a node cut off by the network. Thaw resumes it.
-func (c *Cluster) Freeze(i int) { c.signal(i, syscall.SIGSTOP) }
+// It returns once every thread of the server is stopped: kill(2) returns
+// before they are, and a thread still running could answer what a test
+// sends right after (a publish acknowledged by a server "frozen" a moment
+// before).
+func (c *Cluster) Freeze(i int) {
+	c.t.Helper()
+	c.signal(i, syscall.SIGSTOP)
+	nd := c.nodes[i]
+	nd.mu.Lock()
+	cmd := nd.cmd
+	nd.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !stopped(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s did not stop within 5 s of SIGSTOP", c.Name(i))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stopped reports whether every thread of process pid is stopped (state
+// T in /proc/<pid>/task/<tid>/stat).
+func stopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses, the
+		// state follows the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
+}
 
 // Thaw resumes a frozen server with SIGCONT.
 func (c *Cluster) Thaw(i int) { c.signal(i, syscall.SIGCONT) }

@@ -273,7 +273,7 @@ func TestConnectToTheSeedListSurvivesAKilledAndAFrozenNode(t *testing.T) {
 	t0 := time.Now()
 	publish("after-freeze")
 	if now := c.Index(nc.ConnectedServerName()); now == frozen || now < 0 {
-		t.Fatalf("still on %s after it froze", c.Name(frozen))
+		t.Fatalf("still on %s after it froze (the publish was answered %s after the freeze)\n%s", c.Name(frozen), time.Since(t0).Round(time.Millisecond), log)
 	}
 	t.Logf("moved off a frozen server in %s", time.Since(t0).Round(time.Millisecond))
 	c.Thaw(frozen)
