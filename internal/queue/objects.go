@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -87,7 +88,12 @@ func (c Config) ObjectStores() []jetstream.ObjectStoreConfig {
 // EnsureObjectStore creates or updates a bucket, waiting as Setup does.
 func EnsureObjectStore(ctx context.Context, js jetstream.JetStream, oc jetstream.ObjectStoreConfig, log *slog.Logger) error {
 	if err := retry(ctx, js, log, "bucket "+oc.Bucket, func(ctx context.Context) error {
-		_, err := js.CreateOrUpdateObjectStore(ctx, oc)
+		// Updated only when it exists with another configuration (see
+		// ensureStream).
+		_, err := js.CreateObjectStore(ctx, oc)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			_, err = js.UpdateObjectStore(ctx, oc)
+		}
 		return err
 	}); err != nil {
 		return fmt.Errorf("create bucket %s: %w", oc.Bucket, err)

@@ -188,7 +188,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 	for _, sc := range c.Streams() {
 		run(func() error {
 			if err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) error {
-				_, err := js.CreateOrUpdateStream(ctx, sc)
+				_, err := ensureStream(ctx, js, sc)
 				return err
 			}); err != nil {
 				return fmt.Errorf("create stream %s: %w", sc.Name, err)
@@ -203,7 +203,12 @@ func Setup(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logg
 	for _, kv := range buckets {
 		run(func() error {
 			if err := retry(ctx, js, log, "bucket "+kv.Bucket, func(ctx context.Context) error {
-				_, err := js.CreateOrUpdateKeyValue(ctx, kv)
+				// Updated only when it exists with another
+				// configuration (see ensureStream).
+				_, err := js.CreateKeyValue(ctx, kv)
+				if errors.Is(err, jetstream.ErrBucketExists) {
+					_, err = js.UpdateKeyValue(ctx, kv)
+				}
 				return err
 			}); err != nil {
 				return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
@@ -342,6 +347,20 @@ func (c Config) PoolStreamV2(pool string) jetstream.StreamConfig {
 	}
 }
 
+// ensureStream creates a stream, and updates it only when it exists with
+// another configuration. The servers answer a create of a stream that
+// exists as asked with the stream, changing nothing, where an update is a
+// change each time (on a cluster, one every server applies): a dispatcher
+// that starts, or queues a pool's first job, leaves the streams alone
+// unless their configuration changed.
+func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.UpdateStream(ctx, sc)
+	}
+	return s, err
+}
+
 // EnsurePoolStream creates or updates a pool's stream and its artifacts
 // bucket (what its workers store: see ArtifactsStore), waiting as Setup
 // does. Dispatchers call it before they queue a pool's first job, so that
@@ -351,7 +370,7 @@ func EnsurePoolStream(ctx context.Context, js jetstream.JetStream, c Config, poo
 	sc := c.PoolStreamV2(pool)
 	var stream jetstream.Stream
 	err := retry(ctx, js, log, "stream "+sc.Name, func(ctx context.Context) (err error) {
-		stream, err = js.CreateOrUpdateStream(ctx, sc)
+		stream, err = ensureStream(ctx, js, sc)
 		return err
 	})
 	if err != nil {
