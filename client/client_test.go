@@ -115,3 +115,53 @@ func TestACancelIsNotSentTwice(t *testing.T) {
 		t.Errorf("the fleet heard %d cancels, want 1", n)
 	}
 }
+
+// A pool's pause or resume that the fleet cannot carry out for a while
+// (its bucket electing a leader: an answer that says try again) is sent
+// again until it is carried out; one refused for good is not.
+func TestAPoolRequestRefusedForAWhileIsSentAgain(t *testing.T) {
+	s := natstest.Run(t)
+	fleet, user := s.Connect(t), s.Connect(t)
+	c, err := New(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heard atomic.Int32
+	sub, err := fleet.Subscribe("fleet.pools.held.resume", func(m *nats.Msg) {
+		if heard.Add(1) <= 2 {
+			_ = m.Respond([]byte(`{"error":"the fleet cannot answer now; try again","retry":true}`))
+			return
+		}
+		_ = m.Respond([]byte(`{"pool":"held","paused":false}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	bad, err := fleet.Subscribe("fleet.pools.bad.resume", func(m *nats.Msg) {
+		heard.Add(100)
+		_ = m.Respond([]byte(`{"error":"no such pool"}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = bad.Unsubscribe() }()
+	if err := fleet.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := c.ResumePool(ctx, "held")
+	if err != nil || st.Pool != "held" || st.Paused {
+		t.Fatalf("resume: %+v, %v (requests heard: %d)", st, err, heard.Load())
+	}
+	if n := heard.Load(); n != 3 {
+		t.Errorf("heard %d requests, want 3 (two told to try again)", n)
+	}
+	if _, err := c.ResumePool(ctx, "bad"); err == nil {
+		t.Error("a resume refused for good returned no error")
+	}
+	if n := heard.Load(); n != 103 {
+		t.Errorf("a resume refused for good was sent %d times, want once", (n-3)/100)
+	}
+}

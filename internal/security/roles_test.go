@@ -683,8 +683,10 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 	})
 
 	t.Run("restarted processes find what exists", func(t *testing.T) {
-		// A second dispatcher updates the streams and buckets the first
-		// one created; a second worker updates its pool's consumer.
+		// An operator changed the retention: a second dispatcher updates
+		// the streams the first one created (a dispatcher leaves what is
+		// as it asks alone); a second worker updates its pool's consumer.
+		f.queueCfg.Retention = 2 * queue.DefaultRetention
 		f.startDispatcher(t, connectAs(t, f.srv.url(), f.keys, roleDispatcher))
 		f.startWorker(t, connectAs(t, f.srv.url(), f.keys, roleWorker("gpu")), "gpu", "w-security-gpu-2")
 		id := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"ok"}})
