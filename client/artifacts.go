@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -12,11 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/nats-io/nats.go"
-
 	"github.com/fleet-dev/fleet/internal/artifact"
-	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -61,14 +56,8 @@ func (c *Client) Upload(ctx context.Context, key string, r io.Reader) (*job.Inpu
 func (c *Client) uploadsBucket(ctx context.Context) (string, error) {
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var m *nats.Msg
-	err := backoff.Retry(func() (err error) {
-		m, err = c.nc.RequestWithContext(ctx, c.names.UploadsRequest(c.tenant), nil)
-		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
-			return backoff.Permanent(err)
-		}
-		return err
-	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
+	// The bucket is made once: asking again changes nothing (see ask).
+	m, err := c.ask(ctx, c.names.UploadsRequest(c.tenant), nil, sendUntilDone)
 	if err != nil {
 		return "", fmt.Errorf("the uploads bucket of tenant %s: %w", c.tenant, err)
 	}

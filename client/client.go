@@ -233,45 +233,76 @@ func (c *Client) historyThrough(ctx context.Context, id string) (*job.HistoryRep
 	}
 }
 
-// readTry bounds one try of a read (status, history). A request, or its
-// answer, can be lost with a NATS server: the one the client or the
-// answering dispatcher was connected to dies while it is on its way. A
-// read not answered within readTry is sent again, rather than waited for
-// until ctx ends (a Result given two minutes would wait all of them for
-// an answer that was never coming). A dispatcher answers in milliseconds,
-// within 10 s even in an election, and a read asked twice is answered
-// twice the same.
-const readTry = 3 * time.Second
+// tryWait bounds one try of a request that may be sent twice. A request,
+// or its answer, can be lost with a NATS server: the one the client or
+// the answering dispatcher was connected to dies while it is on its way.
+// Such a request not answered within tryWait is sent again, rather than
+// waited for until ctx ends (a Result given two minutes would wait all of
+// them for an answer that was never coming). A dispatcher answers in
+// milliseconds, within 10 s even in an election.
+const tryWait = 3 * time.Second
+
+// resend says when ask sends a request again. Every request is sent again
+// while no dispatcher is there to answer (NATS says so at once).
+type resend int
+
+const (
+	// sendOnce: a request a second copy of which would act again (a
+	// cancel, a dead letter's retry, a schedule's create).
+	sendOnce resend = iota
+	// sendAgain: a read, sent again when no answer came within tryWait.
+	sendAgain
+	// sendUntilDone: a request that sets a state (a second time changes
+	// nothing), sent again when no answer came within tryWait and when
+	// the answer says the fleet cannot carry it out for a while (retry:
+	// the pools bucket electing a leader).
+	sendUntilDone
+)
+
+// ask sends a request to the dispatchers and returns the answer, sending
+// it again as r says, until ctx ends.
+func (c *Client) ask(ctx context.Context, subject string, body []byte, r resend) (*nats.Msg, error) {
+	var m *nats.Msg
+	err := backoff.Retry(func() (err error) {
+		try, cancel := ctx, context.CancelFunc(func() {})
+		if r != sendOnce {
+			try, cancel = context.WithTimeout(ctx, tryWait)
+		}
+		defer cancel()
+		m, err = c.nc.RequestWithContext(try, subject, body)
+		switch {
+		case err == nil && r == sendUntilDone:
+			var e job.ErrorReply
+			if json.Unmarshal(m.Data, &e) == nil && e.Retry {
+				return fmt.Errorf("%w: %s", ErrUnavailable, e.Error)
+			}
+			return nil
+		case err == nil, errors.Is(err, nats.ErrNoResponders):
+			return err
+		case r != sendOnce && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			return err // lost on the way: asked again
+		}
+		return backoff.Permanent(err)
+	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
+	return m, err
+}
 
 // request sends one of the tenant's requests about job id to the
-// dispatchers and decodes the answer into v. While no dispatcher is there
-// to answer (NATS says so at once), it is sent again, and so is a read
-// not answered within readTry, until ctx ends (10 seconds without a
-// deadline); an answer that does not come is an error. A cancel or a retry
-// is sent once a dispatcher is there: it is not a read.
+// dispatchers (see ask: a read, status or history, is sent again when its
+// answer does not come; a cancel or a retry is not) and decodes the answer into v, until ctx ends
+// (10 seconds without a deadline); an answer that does not come is an
+// error.
 func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	if !job.ValidID(id) {
 		return fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
-	read := verb == "status" || verb == "history"
-	var m *nats.Msg
-	err := backoff.Retry(func() (err error) {
-		try, cancel := ctx, context.CancelFunc(func() {})
-		if read {
-			try, cancel = context.WithTimeout(ctx, readTry)
-		}
-		defer cancel()
-		m, err = c.nc.RequestWithContext(try, c.names.Request(c.tenant, verb, id), nil)
-		switch {
-		case err == nil, errors.Is(err, nats.ErrNoResponders):
-			return err
-		case read && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
-			return err // lost on the way: asked again
-		}
-		return backoff.Permanent(err)
-	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
+	r := sendOnce
+	if verb == "status" || verb == "history" {
+		r = sendAgain
+	}
+	m, err := c.ask(ctx, c.names.Request(c.tenant, verb, id), nil, r)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", verb, id, err)
 	}

@@ -13,6 +13,19 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
+// fleetAndClient starts a NATS server and returns a connection to answer
+// on as the fleet would, and a client on a connection of its own.
+func fleetAndClient(t *testing.T) (*nats.Conn, *Client) {
+	t.Helper()
+	s := natstest.Run(t)
+	fleet := s.Connect(t)
+	c, err := New(s.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fleet, c
+}
+
 // answerSecond answers the status requests of job id, but for the first
 // of them, which it drops: as a dispatcher whose NATS server died with
 // the request on its way does. It returns how many it heard.
@@ -47,12 +60,7 @@ func answerSecond(t *testing.T, nc *nats.Conn, id string) *atomic.Int32 {
 // come back with the second answer (before the fix, each waited the whole
 // minute for the first and failed).
 func TestAReadLostOnTheWayIsAskedAgain(t *testing.T) {
-	s := natstest.Run(t)
-	fleet, user := s.Connect(t), s.Connect(t)
-	c, err := New(user)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleet, c := fleetAndClient(t)
 	for _, read := range []struct {
 		name string
 		do   func(ctx context.Context, id string) (*job.Result, error)
@@ -91,12 +99,7 @@ func TestAReadLostOnTheWayIsAskedAgain(t *testing.T) {
 // A cancel is not a read: it is sent once, and an answer that does not
 // come is an error when ctx ends, not a second cancel.
 func TestACancelIsNotSentTwice(t *testing.T) {
-	s := natstest.Run(t)
-	fleet, user := s.Connect(t), s.Connect(t)
-	c, err := New(user)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleet, c := fleetAndClient(t)
 	var heard atomic.Int32
 	sub, err := fleet.Subscribe("fleet.t.default.cancel.j", func(*nats.Msg) { heard.Add(1) })
 	if err != nil {
@@ -106,7 +109,7 @@ func TestACancelIsNotSentTwice(t *testing.T) {
 	if err := fleet.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*readTry+time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*tryWait+time.Second)
 	defer cancel()
 	if _, err := c.Cancel(ctx, "j"); err == nil {
 		t.Fatal("a cancel nobody answered returned no error")
@@ -120,12 +123,7 @@ func TestACancelIsNotSentTwice(t *testing.T) {
 // (its bucket electing a leader: an answer that says try again) is sent
 // again until it is carried out; one refused for good is not.
 func TestAPoolRequestRefusedForAWhileIsSentAgain(t *testing.T) {
-	s := natstest.Run(t)
-	fleet, user := s.Connect(t), s.Connect(t)
-	c, err := New(user)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleet, c := fleetAndClient(t)
 	var heard atomic.Int32
 	sub, err := fleet.Subscribe("fleet.pools.held.resume", func(m *nats.Msg) {
 		if heard.Add(1) <= 2 {

@@ -3,14 +3,9 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/nats-io/nats.go"
-
-	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -61,46 +56,27 @@ func (c *Client) poolRequest(ctx context.Context, pool, verb string, change *job
 
 // poolCall sends a request about a pool and decodes its answer. Every
 // verb sets or reads the pool's state (pausing a paused pool, or setting
-// the policy it has, changes nothing), so it is sent again while the fleet
-// says it cannot answer for a while (the pools bucket electing a leader),
-// while no dispatcher is there, and when an answer does not come within
-// readTry, until ctx ends (10 seconds without a deadline).
+// the policy it has, changes nothing), so it is sent until done (see ask),
+// until ctx ends (10 seconds without a deadline).
 func (c *Client) poolCall(ctx context.Context, pool, verb string, body []byte) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
 		return nil, fmt.Errorf("%s pool: %q is not a pool name", verb, pool)
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
+	m, err := c.ask(ctx, c.names.Pool(pool, verb), body, sendUntilDone)
+	if err != nil {
+		return nil, fmt.Errorf("%s pool %s: %w", verb, pool, err)
+	}
 	var reply struct {
 		job.PoolState
 		job.ErrorReply
 	}
-	err := backoff.Retry(func() error {
-		try, cancel := context.WithTimeout(ctx, readTry)
-		defer cancel()
-		m, err := c.nc.RequestWithContext(try, c.names.Pool(pool, verb), body)
-		switch {
-		case err == nil:
-		case errors.Is(err, nats.ErrNoResponders), ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
-			return err
-		default:
-			return backoff.Permanent(err)
-		}
-		reply.PoolState, reply.ErrorReply = job.PoolState{}, job.ErrorReply{}
-		if err := json.Unmarshal(m.Data, &reply); err != nil {
-			return backoff.Permanent(fmt.Errorf("unreadable answer: %w", err))
-		}
-		if reply.Error != "" {
-			err := errors.New(reply.Error)
-			if reply.Retry {
-				return err
-			}
-			return backoff.Permanent(err)
-		}
-		return nil
-	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
-	if err != nil {
-		return nil, fmt.Errorf("%s pool %s: %w", verb, pool, err)
+	if err := json.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("%s pool %s: unreadable answer: %w", verb, pool, err)
+	}
+	if reply.Error != "" {
+		return nil, fmt.Errorf("%s pool %s: %s", verb, pool, reply.Error)
 	}
 	return &reply.PoolState, nil
 }

@@ -7,10 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/nats-io/nats.go"
-
-	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -131,14 +127,13 @@ func (c *Client) scheduleRequest(ctx context.Context, verb, name string, body []
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var m *nats.Msg
-	err := backoff.Retry(func() (err error) {
-		m, err = c.nc.RequestWithContext(ctx, subject, body)
-		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
-			return backoff.Permanent(err)
-		}
-		return err
-	}, lifecycle.Backoff(ctx, 50*time.Millisecond, time.Second))
+	// A create sent twice would find its own schedule: only the reads are
+	// sent again (see ask).
+	r := sendOnce
+	if verb == "list" || verb == "show" {
+		r = sendAgain
+	}
+	m, err := c.ask(ctx, subject, body, r)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
