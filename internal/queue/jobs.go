@@ -109,6 +109,26 @@ func (j *Jobs) QueueAsync(rec *job.Record, hdr nats.Header) (jetstream.PubAckFut
 	return f, nil
 }
 
+// WriteAsync sends a later version of a job's record as Write does, and
+// returns without waiting: the future says whether it was stored, with
+// Write's meanings (a wrong last sequence: the record moved; a duplicate:
+// the job has a final version already). Many sent at once share the
+// connection's writes and the stream's. A write whose answer does not come
+// is Write's to make again, with the same record: the stream then knows
+// the final version's message id, and Write reads back whether it was this
+// one.
+func (j *Jobs) WriteAsync(rec *job.Record, rev uint64) (jetstream.PubAckFuture, error) {
+	m, err := j.Msg(rec, rev)
+	if err != nil {
+		return nil, err
+	}
+	f, err := j.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil, fmt.Errorf("write record of job %s: %w", rec.ID, err)
+	}
+	return f, nil
+}
+
 // Write stores a later version of a job's record if the job's last
 // version is still at revision rev (its stream sequence), and returns the
 // new revision; ErrConflict if it is not. A final record goes on the

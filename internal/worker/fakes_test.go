@@ -169,6 +169,43 @@ func (j *memJournal) WriteRecord(_ context.Context, rec *job.Record, rev uint64)
 	return j.putLocked(rec), nil
 }
 
+// SendRecord does not send when a write's failure is planned: the test
+// means the write that a delivery makes alone.
+func (j *memJournal) SendRecord(rec *job.Record, rev uint64) (answer, error) {
+	j.mu.Lock()
+	_, planned := j.fail["record"]
+	j.mu.Unlock()
+	if planned {
+		return nil, errors.New("not sent: the next write fails")
+	}
+	return sendBy(j.WriteRecord, rec, rev)
+}
+
+// sendBy is a fake journal's SendRecord: its WriteRecord, with the answer
+// in a future as JetStream gives it, a refusal as the error of a wrong
+// last sequence.
+func sendBy(write func(context.Context, *job.Record, uint64) (uint64, error), rec *job.Record, rev uint64) (answer, error) {
+	a := memAnswer{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	seq, err := write(context.Background(), rec, rev)
+	switch {
+	case errors.Is(err, queue.ErrConflict):
+		a.err <- &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence, Description: "wrong last sequence"}
+	case err != nil:
+		a.err <- err
+	default:
+		a.ok <- &jetstream.PubAck{Sequence: seq}
+	}
+	return a, nil
+}
+
+type memAnswer struct {
+	ok  chan *jetstream.PubAck
+	err chan error
+}
+
+func (a memAnswer) Ok() <-chan *jetstream.PubAck { return a.ok }
+func (a memAnswer) Err() <-chan error            { return a.err }
+
 type memPending struct {
 	j    *memJournal
 	what string
@@ -219,6 +256,9 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))
 	w.scope = newScopes(context.Background())
 	t.Cleanup(w.scope.giveUp)
+	w.completer = newCompleter(w, cfg.Slots)
+	go w.completer.run()
+	t.Cleanup(w.completer.close)
 	return w
 }
 

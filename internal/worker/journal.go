@@ -27,12 +27,24 @@ type journal interface {
 	// it is not, queue.ErrFinal for a final version when the job has one
 	// already, whatever rev is.
 	WriteRecord(ctx context.Context, rec *job.Record, rev uint64) (uint64, error)
+	// SendRecord sends a new version of the record as WriteRecord does,
+	// without waiting: one of the answer's channels says how it went
+	// (PubAck.Sequence, the new revision; a duplicate or an error: see
+	// WriteRecord, which is the way to make it again).
+	SendRecord(rec *job.Record, rev uint64) (answer, error)
 	// Notice sends a heartbeat or log event, best effort.
 	Notice(e *job.Event) error
 	// DeadLetter copies a job's message to its pool's dead letters, with
 	// its last failure and attempts (queue.DeadLetterBody), without
 	// waiting.
 	DeadLetter(k queue.JobKey, msg []byte, f *job.Failure, attempts int) (pending, error)
+}
+
+// answer is the answer to come of a publication sent without waiting;
+// a jetstream.PubAckFuture is one.
+type answer interface {
+	Ok() <-chan *jetstream.PubAck
+	Err() <-chan error
 }
 
 // pending is a publication under way.
@@ -56,6 +68,10 @@ func (j *jsJournal) Record(ctx context.Context, k queue.JobKey) (*job.Record, ui
 
 func (j *jsJournal) WriteRecord(ctx context.Context, rec *job.Record, rev uint64) (uint64, error) {
 	return j.jobs.Write(ctx, rec, rev)
+}
+
+func (j *jsJournal) SendRecord(rec *job.Record, rev uint64) (answer, error) {
+	return j.jobs.WriteAsync(rec, rev)
 }
 
 func (j *jsJournal) Notice(e *job.Event) error {

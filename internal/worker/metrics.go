@@ -27,6 +27,10 @@ type metrics struct {
 
 	finished metric.Int64Counter
 	retries  metric.Int64Counter
+	// batch is the number of final versions the completer sent together;
+	// alone those it handed back to their deliveries (see completer).
+	batch    metric.Int64Histogram
+	alone    metric.Int64Counter
 	duration metric.Float64Histogram
 	wait     metric.Float64Histogram
 	// tenantWait is wait by tenant and priority, with their sets kept.
@@ -90,6 +94,9 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	x.pullsAgain, _ = m.Int64Counter("fleet.worker.pulls.again", metric.WithDescription("Pulls that found nothing in a queue whose job a dispatcher had said was on its way, tried again a moment later"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
+	x.batch, _ = m.Int64Histogram("fleet.worker.completer.batch", metric.WithDescription("Final versions of jobs the completer sent and acknowledged together"),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
+	x.alone, _ = m.Int64Counter("fleet.worker.completer.alone", metric.WithDescription("Final versions the completer did not know stored (refused, a duplicate, or not answered in time), handed back to their delivery to write alone"))
 	x.duration, _ = m.Float64Histogram("fleet.worker.attempt.duration", metric.WithUnit("s"),
 		metric.WithDescription("Run time of attempts"),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))

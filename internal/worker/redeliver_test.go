@@ -157,6 +157,10 @@ func (h *hand) WriteRecord(_ context.Context, rec *job.Record, rev uint64) (uint
 	return seq, err
 }
 
+func (h *hand) SendRecord(rec *job.Record, rev uint64) (answer, error) {
+	return sendBy(h.WriteRecord, rec, rev)
+}
+
 func (h *hand) Notice(*job.Event) error {
 	if h.dead() {
 		return errDead

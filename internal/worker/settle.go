@@ -72,7 +72,10 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 	case doFinish:
 		history := append(slices.Clone(d.rec.History), act.lost...)
 		res := d.resultOf(act.outcome, act.attempts, history)
-		dead, err := d.finish(ctx, act.rev, res)
+		dead, acked, err := d.finish(ctx, act.rev, res)
+		if acked {
+			return nil
+		}
 		if errors.Is(err, errFinished) {
 			// Another delivery, or a cancel, finished it first: that
 			// result stands.
@@ -255,9 +258,16 @@ func (d *delivery) resultOf(out *executor.Outcome, attempts int, history []job.A
 // finish writes the job's final record, which carries its one result,
 // after the dead letter of a job that failed (the final version is always
 // a job's last, so that watchers can stop there). It reports whether the
-// job was dead-lettered; errFinished when another delivery or a cancel
+// job was dead-lettered, and whether its message was acknowledged too
+// (by the completer); errFinished when another delivery or a cancel
 // finished it first.
-func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dead bool, err error) {
+//
+// The final version of a job that was not dead-lettered, and keeps no
+// data directory, goes through the completer with others; what the
+// completer does not know stored, save writes, the same version to the
+// byte (its time is taken once), so that a write whose answer was lost is
+// known for this one's.
+func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dead, acked bool, err error) {
 	w := d.w
 	var dlq pending
 	dead = res.Status == job.StatusFailed || res.Status == job.StatusTimedOut
@@ -266,7 +276,7 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 	}
 	_, endResult := telemetry.Step(ctx, "fleet.result")
 	now := time.Now()
-	err = d.save(ctx, rev, func(rec *job.Record) {
+	final := func(rec *job.Record) {
 		rec.History = res.History
 		rec.State, rec.Attempt, rec.Failure, rec.UpdatedAt, rec.NextAttemptAt = job.State(res.Status), res.Attempts, res.Failure, now, nil
 		rec.FinishedAt, rec.ExitCode = &res.FinishedAt, res.ExitCode
@@ -278,17 +288,26 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 			rec.Message = res.Failure.Message
 		}
 		rec.DeadLettered = dead
-	}, dlq)
+	}
+	var refused error
+	if !dead && w.completer != nil && d.req != nil && !d.req.Persists() && rev == d.rev {
+		rec := clone(d.rec)
+		final(rec)
+		acked, refused = w.completer.complete(d, rec, rev)
+	}
+	if !acked {
+		err = d.saveAfter(ctx, rev, final, refused, dlq)
+	}
 	endResult(err)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	w.m.finished.Add(ctx, 1, w.m.byStatus(res.Status))
 	if res.Status != job.StatusSucceeded && d.span != nil {
 		d.span.SetStatus(codes.Error, string(res.Status))
 	}
 	d.logFinished(res)
-	return dead, nil
+	return dead, acked, nil
 }
 
 // logFinished logs the end of the job: at Info when it did not succeed,
@@ -360,9 +379,19 @@ func (d *delivery) refuse(ctx context.Context, why string) error {
 // answers are tried again until the worker gives up for good (see
 // Worker.Stop).
 func (d *delivery) save(ctx context.Context, rev uint64, change func(*job.Record), pubs ...pending) error {
+	return d.saveAfter(ctx, rev, change, nil, pubs...)
+}
+
+// saveAfter is save when the first write was refused already, with
+// refused (queue.ErrConflict or queue.ErrFinal; nil: it was not).
+func (d *delivery) saveAfter(ctx context.Context, rev uint64, change func(*job.Record), refused error, pubs ...pending) error {
 	j := d.w.journal
 	for {
-		err := d.claim(ctx, rev, change)
+		err := refused
+		refused = nil
+		if err == nil {
+			err = d.claim(ctx, rev, change)
+		}
 		if err == nil {
 			break
 		}

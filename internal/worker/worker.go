@@ -205,13 +205,23 @@ type Worker struct {
 
 	scope    scopes
 	handlers handlers
+	// completer is the third stage: it stores the final versions of the
+	// attempts that ended well and acknowledges their messages, in
+	// batches (see completer.go).
+	completer *completer
 	// background holds the sweep of data directories.
 	background lifecycle.Group
-	stopOnce   sync.Once
-	stopErr    error
+	stopping   stopping
 	// runs are the deliveries running here.
-	runs     runningSet
+	runs runningSet
+}
+
+// stopping is how far Stop has come: draining from its first call, and
+// what it returned.
+type stopping struct {
 	draining atomic.Bool
+	once     sync.Once
+	err      error
 }
 
 // New returns a Worker; Start starts it.
@@ -275,6 +285,8 @@ func (w *Worker) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	w.completer = newCompleter(w, w.cfg.Slots)
+	go w.completer.run()
 	w.handlers.start(w.cfg.Slots, w.handle)
 	if err := w.p.start(ctx, w.scope.run); err != nil {
 		return err
@@ -289,8 +301,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // an error when NATS did not answer and jobs were left to come back after
 // their ack wait. Stop may be called again; it returns the same.
 func (w *Worker) Stop(ctx context.Context) error {
-	w.stopOnce.Do(func() { w.stopErr = w.stop(ctx) })
-	return w.stopErr
+	w.stopping.once.Do(func() { w.stopping.err = w.stop(ctx) })
+	return w.stopping.err
 }
 
 func (w *Worker) stop(ctx context.Context) error {
@@ -299,7 +311,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	}
 	var err error
 	w.log.Info("draining", "running", w.Running())
-	w.draining.Store(true)
+	w.stopping.draining.Store(true)
 	w.p.halt()
 	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
 		w.log.Info("handing running attempts off to the pool", "running", w.Running())
@@ -327,6 +339,7 @@ func (w *Worker) stop(ctx context.Context) error {
 		}
 	}
 	w.handlers.close() // nothing pulls any more
+	w.completer.close()
 	for _, f := range w.unsubscribe {
 		f()
 	}
@@ -427,4 +440,4 @@ func (h *handlers) close() {
 }
 
 // Draining reports whether Stop has been called.
-func (w *Worker) Draining() bool { return w.draining.Load() }
+func (w *Worker) Draining() bool { return w.stopping.draining.Load() }
