@@ -162,6 +162,11 @@ type browser struct {
 	errs []string
 }
 
+// newBrowser starts a headless Chromium for the test. Chromium fails the
+// connections it is making (net::ERR_NETWORK_CHANGED) whenever an address
+// of the host changes, as it does each time Docker makes a network or
+// starts a container, so `make test` runs this package alone, not beside
+// the packages that do.
 func newBrowser(t *testing.T) *browser {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
@@ -218,15 +223,32 @@ func (b *browser) do(t *testing.T, actions ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
+// eval evaluates js in the page. A page that navigates away while it is
+// asked (a form sent, a link followed) answers that it is gone; js is then
+// asked of the page that replaced it.
 func eval[T any](t *testing.T, b *browser, js string) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
-	if err != nil {
-		t.Fatalf("browser: %s: %v", js, err)
+	for {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
+		if err == nil {
+			return v
+		}
+		if !navigatedAway(err) || ctx.Err() != nil {
+			t.Fatalf("browser: %s: %v", js, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return v
+}
+
+// navigatedAway reports whether err says the page asked was replaced by
+// another while it was being asked.
+func navigatedAway(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "Inspected target navigated or closed") ||
+		strings.Contains(m, "Execution context was destroyed") ||
+		strings.Contains(m, "Cannot find context with specified id")
 }
 
 // attr reads an attribute of the first node matching sel, "" when none.
