@@ -242,6 +242,21 @@ func (p *producer) pull() {
 			}
 			continue
 		}
+		// The queue's consumer was found gone and is being made again: a
+		// pull request to the old one would hold the slots until it
+		// expires (or, as the server answers a pull to a consumer gone,
+		// find no responders); the next goes to the new one.
+		if only.rebinding.Load() {
+			<-fetches
+			p.slots.release(n)
+			select {
+			case <-p.qs.wake: // the queue made again
+			case <-time.After(100 * time.Millisecond): // or it could not be yet
+			case <-p.ctx.Done():
+				return
+			}
+			continue
+		}
 		// A pull request waiting on the only queue holds its slots and its
 		// place among the open fetches until it expires, unless the pool
 		// gets another queue meanwhile (see waiting): noted before the
