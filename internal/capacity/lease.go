@@ -64,8 +64,9 @@ type LeaseOp struct {
 	Accrued time.Duration
 }
 
-// checks reports whether the reservation needs the pool's other workers.
-func (o LeaseOp) checks() bool {
+// Checks reports whether the reservation needs the pool's other workers:
+// a tenant's quota or the pool's bound, which only Redis counts.
+func (o LeaseOp) Checks() bool {
 	return !o.Release && (o.MaxRunning > 0 || (o.Quota != nil && !o.Quota.Unbounded()))
 }
 
@@ -134,7 +135,7 @@ func (a *LeaseAnswer) Stale() bool { return a.Replies == nil }
 func (s *Store) Apply(ctx context.Context, b LeaseBatch) (*LeaseAnswer, error) {
 	check := false
 	for _, o := range b.Ops {
-		check = check || o.checks()
+		check = check || o.Checks()
 	}
 	keys := []string{s.slotsKey(b.Pool, b.Worker), s.tenantsKey(b.Pool, b.Worker), s.poolKey(b.Pool), s.usageKey(b.Pool)}
 	keys = append(keys, s.peerKeys(b.Pool, b.Peers)...)

@@ -98,21 +98,38 @@ local function peersUsed()
   for j = 1, np do u = u + num(redis.call('HGET', KEYS[3+2*j], 'used')) end
   return u
 end
-local function decayed(t)
-  local v = redis.call('HGET', usage, t)
-  if not v then return 0 end
-  local val, at = string.match(v, '(%S+) (%S+)')
-  return tonumber(val) * math.pow(2, -math.max(0, now - tonumber(at)) / hl)
+-- What the batch changes is kept here and written once at its end: the
+-- worker's totals used, each tenant's holding (read when a quota needs
+-- it, else only added to), the lease fields set and deleted, and the
+-- usage each tenant accrued. Each operation sees the ones before it.
+local u = redis.call('HMGET', slots, 'used', 'cpu_used', 'mem_used', 'gpu_used')
+local used, cu, mu, gu = num(u[1]), num(u[2]), num(u[3]), num(u[4])
+local moved = false
+local held, order, touched = {}, {}, {}
+local function touch(t)
+  if not touched[t] then touched[t] = true; table.insert(order, t); held[t] = {0, 0, 0, 0} end
 end
 local function hold(t, sign, c, m, g)
-  if sign < 0 then c, m, g = 0 - c, 0 - m, 0 - g end -- (not -x: Lua writes -0 as "-0")
-  redis.call('HINCRBY', tenants, 'n:'..t, sign)
-  redis.call('HINCRBY', tenants, 'c:'..t, c)
-  redis.call('HINCRBY', tenants, 'm:'..t, m)
-  redis.call('HINCRBY', tenants, 'g:'..t, g)
+  local h = held[t]
+  h[1], h[2], h[3], h[4] = h[1] + sign, h[2] + sign * c, h[3] + sign * m, h[4] + sign * g
 end
-local out, touched, order = {'ok'}, {}, {}
-local function touch(t) if not touched[t] then touched[t] = true; table.insert(order, t) end end
+local mine = {}
+local function mineOf(t)
+  if not mine[t] then
+    local v = redis.call('HMGET', tenants, 'n:'..t, 'c:'..t, 'm:'..t, 'g:'..t)
+    mine[t] = {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
+  end
+  local h, b = held[t], mine[t]
+  return b[1] + h[1], b[2] + h[2], b[3] + h[3], b[4] + h[4]
+end
+local set, gone = {}, {}
+local function leaseOf(f)
+  if set[f] then return set[f] end
+  if gone[f] then return nil end
+  return redis.call('HGET', slots, f)
+end
+local accrued = {}
+local out = {'ok'}
 local tot = redis.call('HMGET', slots, 'slots', 'cpu', 'mem', 'gpu')
 local i = 7 + np
 while i <= #ARGV do
@@ -121,32 +138,25 @@ while i <= #ARGV do
   if op == '-' then
     local acc = tonumber(ARGV[i+3])
     i = i + 4
-    local v = redis.call('HGET', slots, f)
+    local v = leaseOf(f)
     if v then
       local c, m, g = string.match(v, '(%d+) (%d+) (%d+)')
       c, m, g = tonumber(c), tonumber(m), tonumber(g)
-      redis.call('HINCRBY', slots, 'used', -1) -- (0 - x, not -x: Lua writes -0 as "-0", which Redis refuses)
-      redis.call('HINCRBY', slots, 'cpu_used', 0 - c)
-      redis.call('HINCRBY', slots, 'mem_used', 0 - m)
-      redis.call('HINCRBY', slots, 'gpu_used', 0 - g)
-      redis.call('HDEL', slots, f)
+      used, cu, mu, gu, moved = used - 1, cu - c, mu - m, gu - g, true
+      set[f], gone[f] = nil, true
       hold(t, -1, c, m, g)
     end
-    if acc > 0 then
-      redis.call('HSET', usage, t, string.format('%.17g', decayed(t) + acc) .. ' ' .. ARGV[2])
-    end
+    if acc > 0 then accrued[t] = (accrued[t] or 0) + acc end
   else
     local c, m, g, h = tonumber(ARGV[i+3]), tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), ARGV[i+6]
     local qs, qc, qm, qg = tonumber(ARGV[i+7]), tonumber(ARGV[i+8]), tonumber(ARGV[i+9]), tonumber(ARGV[i+10])
     local maxrun = tonumber(ARGV[i+11])
     i = i + 12
-    if redis.call('HEXISTS', slots, f) == 1 then
+    if leaseOf(f) then
       table.insert(out, 'dup')
     elseif not tot[1] then
       table.insert(out, 'unknown')
     else
-      local u = redis.call('HMGET', slots, 'used', 'cpu_used', 'mem_used', 'gpu_used')
-      local used, cu, mu, gu = num(u[1]), num(u[2]), num(u[3]), num(u[4])
       local sl, cpu, mem, gpu = tonumber(tot[1]), tonumber(tot[2]), tonumber(tot[3]), tonumber(tot[4])
       local why = nil
       if used + 1 > sl then why = 'no:slots'
@@ -156,8 +166,8 @@ while i <= #ARGV do
       end
       if not why and (qs >= 0 or qc >= 0 or qm >= 0 or qg >= 0) then
         local on, oc, om, og = others(t)
-        local mine = redis.call('HMGET', tenants, 'n:'..t, 'c:'..t, 'm:'..t, 'g:'..t)
-        on, oc, om, og = on + num(mine[1]), oc + num(mine[2]), om + num(mine[3]), og + num(mine[4])
+        local n1, c1, m1, g1 = mineOf(t)
+        on, oc, om, og = on + n1, oc + c1, om + m1, og + g1
         if qs >= 0 and on + 1 > qs then why = 'no:quota:slots'
         elseif qc >= 0 and oc + c > qc then why = 'no:quota:cpu'
         elseif qm >= 0 and om + m > qm then why = 'no:quota:memory'
@@ -168,29 +178,55 @@ while i <= #ARGV do
       if why then
         table.insert(out, why)
       else
-        redis.call('HSET', slots, f, c .. ' ' .. m .. ' ' .. g .. ' ' .. h)
-        redis.call('HINCRBY', slots, 'used', 1)
-        redis.call('HINCRBY', slots, 'cpu_used', c)
-        redis.call('HINCRBY', slots, 'mem_used', m)
-        redis.call('HINCRBY', slots, 'gpu_used', g)
+        set[f], gone[f] = c .. ' ' .. m .. ' ' .. g .. ' ' .. h, nil
+        used, cu, mu, gu, moved = used + 1, cu + c, mu + m, gu + g, true
         hold(t, 1, c, m, g)
         table.insert(out, 'ok')
       end
     end
   end
 end
-redis.call('PEXPIRE', slots, ARGV[1])
-redis.call('PEXPIRE', tenants, ARGV[1])
+-- The batch's changes, written once. (Integers are written with
+-- string.format('%d'): Lua writes -0 as "-0", which HINCRBY refuses.)
+local del = {}
+for f in pairs(gone) do table.insert(del, f) end
+if #del > 0 then redis.call('HDEL', slots, unpack(del)) end
+local put = {}
+for f, v in pairs(set) do table.insert(put, f); table.insert(put, v) end
+if #put > 0 then redis.call('HSET', slots, unpack(put)) end
+if moved then
+  redis.call('HSET', slots, 'used', string.format('%d', used), 'cpu_used', string.format('%d', cu),
+    'mem_used', string.format('%d', mu), 'gpu_used', string.format('%d', gu))
+end
+local function decayed(t)
+  local v = redis.call('HGET', usage, t)
+  if not v then return 0 end
+  local val, at = string.match(v, '(%S+) (%S+)')
+  return tonumber(val) * math.pow(2, -math.max(0, now - tonumber(at)) / hl)
+end
+local function fmt(x) return string.format('%d', x) end
 table.insert(out, '|')
 for _, t in ipairs(order) do
+  local h = held[t]
+  if h[1] ~= 0 then redis.call('HINCRBY', tenants, 'n:'..t, fmt(h[1])) end
+  if h[2] ~= 0 then redis.call('HINCRBY', tenants, 'c:'..t, fmt(h[2])) end
+  if h[3] ~= 0 then redis.call('HINCRBY', tenants, 'm:'..t, fmt(h[3])) end
+  if h[4] ~= 0 then redis.call('HINCRBY', tenants, 'g:'..t, fmt(h[4])) end
+  local use = decayed(t)
+  if accrued[t] then
+    use = use + accrued[t]
+    redis.call('HSET', usage, t, string.format('%.17g', use) .. ' ' .. ARGV[2])
+  end
   local n, c, m, g = others(t)
   table.insert(out, t)
   table.insert(out, tostring(n))
   table.insert(out, tostring(c))
   table.insert(out, tostring(m))
   table.insert(out, tostring(g))
-  table.insert(out, string.format('%.17g', decayed(t)))
+  table.insert(out, string.format('%.17g', use))
 end
+redis.call('PEXPIRE', slots, ARGV[1])
+redis.call('PEXPIRE', tenants, ARGV[1])
 return out
 `)
 

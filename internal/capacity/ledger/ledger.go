@@ -79,6 +79,11 @@ type Ledger struct {
 	inv     *job.Inventory
 	ops     []op
 	wake    chan struct{}
+	// sending is held while a batch or a heartbeat goes to Redis, so that
+	// they reach it in the order they were taken: by the loop, or by a
+	// reservation that finds nothing being sent and sends its batch itself
+	// (see Reserve).
+	sending sync.Mutex
 	// outage: a call found Redis away, and no heartbeat has reconciled the
 	// leases since; lease batches are not sent meanwhile.
 	outage      bool
@@ -113,7 +118,16 @@ func keyOf(l capacity.Lease) key { return key{l.Tenant, l.JobID, l.Attempt} }
 
 type op struct {
 	capacity.LeaseOp
-	reply chan error // reservations only
+	// reply gets a reservation's answer from Redis; nil for a release, and
+	// for a reservation that nothing in Redis can refuse, which was
+	// answered at once (see Reserve).
+	reply chan error
+}
+
+func (o op) answer(err error) {
+	if o.reply != nil {
+		o.reply <- err
+	}
 }
 
 var (
@@ -173,7 +187,9 @@ func (r *Ledger) leaseTTL() time.Duration { return 5 * r.cfg.Interval }
 // starts the loop that batches leases and repeats the heartbeat.
 func (r *Ledger) Start(ctx context.Context) error {
 	r.refreshBackend(ctx)
+	r.sending.Lock()
 	r.heartbeat(ctx)
+	r.sending.Unlock()
 	// When Redis answers again, the next heartbeat comes at once.
 	r.stopUp = r.s.Breaker().OnUp(func() {
 		r.mu.Lock()
@@ -226,11 +242,34 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 		r.wait.Record(ctx, 0, opReserve)
 		return nil
 	}
+	o := op{LeaseOp: capacity.LeaseOp{Lease: l, Quota: quota, MaxRunning: maxRunning}}
+	if !o.Checks() {
+		// Nothing Redis knows can refuse it: the worker's own slots and
+		// resources are this ledger's to count, and the tenant has no
+		// quota, nor the pool a bound. The lease goes with the next
+		// batch, as a release does, and the attempt starts without the
+		// round trip.
+		r.ops = append(r.ops, o)
+		r.mu.Unlock()
+		r.wait.Record(ctx, 0, opReserve)
+		r.poke()
+		return nil
+	}
 	reply := make(chan error, 1)
-	r.ops = append(r.ops, op{LeaseOp: capacity.LeaseOp{Lease: l, Quota: quota, MaxRunning: maxRunning}, reply: reply})
+	o.reply = reply
+	r.ops = append(r.ops, o)
 	r.mu.Unlock()
 	start := time.Now()
 	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opReserve) }()
+	// When nothing is being sent, the reservation sends the batch itself
+	// (with what else waits): no hand-off to the loop's goroutine and back
+	// for a worker that is not busy. Otherwise what is being sent is a
+	// batch's round trip, meanwhile the next one fills, and the loop sends
+	// it.
+	if r.sending.TryLock() {
+		r.flush(context.WithoutCancel(ctx))
+		r.sending.Unlock()
+	}
 	r.poke()
 	select {
 	case err := <-reply:
@@ -364,6 +403,8 @@ func (r *Ledger) poke() {
 // were taken.
 func (r *Ledger) loop(ctx context.Context) error {
 	lifecycle.TickOrWake(ctx, r.cfg.Interval, r.wake, func(ctx context.Context) {
+		r.sending.Lock()
+		defer r.sending.Unlock()
 		r.flush(ctx)
 		r.mu.Lock()
 		now := r.beatNow
@@ -373,10 +414,14 @@ func (r *Ledger) loop(ctx context.Context) error {
 			r.heartbeat(ctx)
 		}
 	}, func(ctx context.Context) {
-		r.flush(ctx)
 		r.refreshBackend(ctx)
+		r.sending.Lock()
+		defer r.sending.Unlock()
+		r.flush(ctx)
 		r.heartbeat(ctx)
 	})
+	r.sending.Lock()
+	defer r.sending.Unlock()
 	r.flush(context.WithoutCancel(ctx))
 	return nil
 }
@@ -409,17 +454,22 @@ func (r *Ledger) flush(ctx context.Context) {
 	}
 	for i, o := range reserves {
 		if err != nil || outage || i >= len(replies) {
-			o.reply <- nil // Redis is away: local accounting decided
+			o.answer(nil) // Redis is away: local accounting decided
 			continue
 		}
 		switch s := replies[i]; {
 		case s == capacity.LeaseOK || s == capacity.LeaseDup || s == capacity.LeaseUnknown:
-			o.reply <- nil
+			o.answer(nil)
+		case o.reply == nil:
+			// Decided locally and running: Redis counts the worker's
+			// leases otherwise than it does; the next heartbeat writes
+			// them as they are.
+			r.log.Warn("Redis refused a lease the worker's own accounting took; the next heartbeat writes it", "reply", s, "job_id", o.Lease.JobID)
 		default:
 			r.mu.Lock()
 			r.removeLocked(o.Lease)
 			r.mu.Unlock()
-			o.reply <- fmt.Errorf("%w: %s", capacity.ErrNoCapacity, refusal(s, o.Lease.TenantOf()))
+			o.answer(fmt.Errorf("%w: %s", capacity.ErrNoCapacity, refusal(s, o.Lease.TenantOf())))
 		}
 	}
 }

@@ -125,3 +125,47 @@ func TestLedgerHungRedisCostsOneTimeout(t *testing.T) {
 		t.Errorf("with Redis hung, reservations take %s at p99, more than with Redis up (%s)", p99(hung), p99(up))
 	}
 }
+
+// A reservation that nothing in Redis can refuse (no quota for its tenant,
+// no bound for the pool) is answered by the ledger at once: with Redis
+// frozen, it returns within milliseconds, and its lease reaches Redis
+// with the next batch once Redis answers. (One that a quota bounds waits
+// for Redis's answer: the quota tests of package capacity refuse them
+// there.)
+func TestAReservationWithoutAQuotaDoesNotWaitForRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, srv.URL())
+	ctx := context.Background()
+	r := New(s, Config{WorkerID: "w1", Pool: "p", Backend: "process", Slots: 4, Interval: time.Second})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	srv.Freeze()
+	thawed := false
+	defer func() {
+		if !thawed {
+			srv.Thaw()
+		}
+	}()
+	start := time.Now()
+	if err := r.Reserve(ctx, capacity.Lease{JobID: "free", Attempt: 1, CPUMilli: 100, StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 50*time.Millisecond {
+		t.Errorf("a reservation without a quota took %s with Redis frozen; want it answered at once", took)
+	}
+	srv.Thaw()
+	thawed = true
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		held, err := s.Holds(ctx, "p", "w1", "", "free", 1)
+		if err == nil && held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease never reached Redis: %v %v", held, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
