@@ -9,10 +9,25 @@ import (
 // Labels follow Kubernetes' rules, so that they can go onto a Job and its
 // pods unchanged: a key is an optional DNS subdomain prefix and a slash,
 // then a name of at most 63 characters; a value is empty or a name.
-var (
-	labelNameRE    = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
-	dnsSubdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-)
+var dnsSubdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// validLabelName: `^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`, by
+// bytes (every record's labels are checked on every delivery).
+func validLabelName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	alnum := func(c byte) bool { return word(c) && c != '_' && c != '-' }
+	if !alnum(s[0]) || !alnum(s[len(s)-1]) {
+		return false
+	}
+	for i := 1; i < len(s)-1; i++ {
+		if c := s[i]; c != '.' && !word(c) {
+			return false
+		}
+	}
+	return true
+}
 
 // ValidateLabel checks one label key and value.
 func ValidateLabel(key, value string) error {
@@ -23,10 +38,10 @@ func ValidateLabel(key, value string) error {
 		}
 		name = rest
 	}
-	if !labelNameRE.MatchString(name) {
+	if !validLabelName(name) {
 		return fmt.Errorf("key %q: name must be 1 to 63 characters of [A-Za-z0-9_.-], starting and ending with a letter or digit", truncate(key, 70))
 	}
-	if value != "" && !labelNameRE.MatchString(value) {
+	if value != "" && !validLabelName(value) {
 		return fmt.Errorf("value of %q: %q must be at most 63 characters of [A-Za-z0-9_.-], starting and ending with a letter or digit", truncate(key, 70), truncate(value, 70))
 	}
 	return nil

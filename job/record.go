@@ -44,6 +44,9 @@ func DecodeRecord(data []byte) (*Record, error) {
 // Validate checks a version of a job's record against contract v2.
 func (r *Record) Validate() error {
 	var v validator
+	if run, node, _, ok := ParseRunJobID(r.ID); ok && (r.RunID != run || r.NodeID != node) {
+		v.add("id", "%q is the job of node %s of run %s, which its run_id and node_id must say", truncate(r.ID, 40), node, run)
+	}
 	if !ValidID(r.ID) {
 		v.add("id", "%q must be 1 to 128 characters of [A-Za-z0-9_.-], with dots only between other characters", truncate(r.ID, 40))
 	}
@@ -172,5 +175,8 @@ func (v *validator) versionRules(r *Record) {
 	}
 	if r.DeadLettered && r.State != StateFailed && r.State != StateTimedOut {
 		v.add("dead_lettered", "only a job that failed or timed out is dead-lettered, not a %s one", r.State)
+	}
+	if r.AttemptStarted && (r.Attempt < 1 || !final && r.State != StateRetrying) {
+		v.add("attempt_started", "is only in a version that ends an attempt (final or retrying, attempt 1 or more), not a %s one of attempt %d", r.State, r.Attempt)
 	}
 }

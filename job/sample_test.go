@@ -81,7 +81,48 @@ func sampleRecords() []*job.Record {
 		Failure: res.Failure, ExitCode: &code, CancelRequested: true, Handbacks: 1, SubmitSeq: 7,
 		AwaitingSince: &t0, Adoptions: 1, MemoryOverride: "512Mi", TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 		RunID: "r", NodeID: "n", Labels: map[string]string{"team": "a"}, History: res.History,
-		Result: res, DeadLettered: true,
+		Result: res, DeadLettered: true, AttemptStarted: true,
 	}
 	return []*job.Record{queued, final}
+}
+
+// The documents of a run, each with every field of its types set.
+
+func sampleRunRequest() *job.RunRequest {
+	return &job.RunRequest{ID: "nightly", Labels: map[string]string{"team": "search"}, Nodes: []job.RunNode{
+		{ID: "fetch", Job: &job.Request{Command: []string{"fetch"}, Outputs: []string{"urls.txt"}}},
+		{ID: "index", After: []string{"fetch"}, InputsFrom: map[string]job.OutputOf{"urls.txt": {Node: "fetch", Output: "urls.txt"}},
+			When: job.WhenAllDone, Job: &job.Request{Pool: "batch", Priority: 2, Command: []string{"index"}}},
+	}}
+}
+
+func sampleRunRecord() *job.RunRecord {
+	return &job.RunRecord{RunID: "nightly", Tenant: "acme", SubmittedAt: t0, Labels: map[string]string{"team": "search"},
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Nodes: []job.RunNodeRecord{
+			{ID: "fetch", Pool: "default", Priority: 3, Secrets: "seal-1:AAAA",
+				Job: &job.Request{Command: []string{"fetch"}, Env: map[string]string{"TOKEN": ""}, Outputs: []string{"urls.txt"}}},
+			{ID: "index", After: []string{"fetch"}, InputsFrom: map[string]job.OutputOf{"urls.txt": {Node: "fetch", Output: "urls.txt"}},
+				When: job.WhenAnyFailed, Pool: "batch", Priority: 2, Job: &job.Request{Pool: "batch", Priority: 2, Command: []string{"index"}}},
+		}}
+}
+
+func sampleNodeEnded() *job.NodeEnded {
+	return &job.NodeEnded{RunID: "nightly", NodeID: "index", JobID: job.RunJobID("nightly", "index", 2), Pool: "batch", Round: 2,
+		State: job.StateFailed, Code: job.CodeExitCode, At: t0}
+}
+
+func sampleRunCancel() *job.RunCancel {
+	return &job.RunCancel{RunID: "nightly", Tenant: "acme", Round: 1, RequestedAt: t0}
+}
+
+func sampleRunRetry() *job.RunRetry {
+	return &job.RunRetry{RunID: "nightly", Tenant: "acme", Round: 2, Nodes: []string{"index"}, RequestedAt: t0}
+}
+
+func sampleRunEnd() *job.RunEnd {
+	return &job.RunEnd{RunID: "nightly", Tenant: "acme", Round: 2, State: job.RunFailed, SubmittedAt: t0, FinishedAt: t0,
+		Nodes: []job.NodeState{
+			{ID: "fetch", JobID: job.RunJobID("nightly", "fetch", 1), Pool: "default", State: job.StateSucceeded},
+			{ID: "index", JobID: job.RunJobID("nightly", "index", 2), Pool: "batch", State: job.StateFailed, Code: job.CodeExitCode},
+		}}
 }

@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -24,7 +26,10 @@ import (
 //	           (sums of sizes, minimums of quantities, configurable limits)
 //
 // The folders of schemas/testdata are named after the kinds below: request,
-// event, result and heartbeat are v1 documents, request-v2 and so on v2.
+// event, result and heartbeat are v1 documents, request-v2 and so on v2;
+// run-request is a run as submitted, and run-definition, run-node-ended,
+// run-cancel, run-retry and run-end are the messages of a run, each one
+// of the $defs of run-record.v1 (runMessages).
 
 // schemaOf is the schema of each kind of fixture.
 var schemaOf = map[string]string{
@@ -35,14 +40,26 @@ var schemaOf = map[string]string{
 	"result":     schemas.Result,
 	"heartbeat":  schemas.CapacityHeartbeat,
 	"record-v2":  schemas.JobRecordV2,
+
+	"run-request":    schemas.RunRequest,
+	"run-definition": schemas.RunRecord + "#/$defs/definition",
+	"run-node-ended": schemas.RunRecord + "#/$defs/node_ended",
+	"run-cancel":     schemas.RunRecord + "#/$defs/cancel",
+	"run-retry":      schemas.RunRecord + "#/$defs/retry",
+	"run-end":        schemas.RunRecord + "#/$defs/end",
 }
+
+// runMessages are the kinds of the messages of a run, which run-record.v1
+// holds all of.
+var runMessages = []string{"run-definition", "run-node-ended", "run-cancel", "run-retry", "run-end"}
 
 // writtenAs is the kind of what Go writes back of a kind, where it is not
 // the same: the fleet writes v2 requests (Normalize fills in a priority,
 // which v1 has no field for).
 var writtenAs = map[string]string{"request": "request-v2"}
 
-func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
+// schemaCompiler is a compiler that holds every schema file.
+func schemaCompiler(t *testing.T) *jsonschema.Compiler {
 	t.Helper()
 	c := jsonschema.NewCompiler()
 	c.AssertFormat()
@@ -63,6 +80,12 @@ func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
 			t.Fatalf("%s: %v", e.Name(), err)
 		}
 	}
+	return c
+}
+
+func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
+	t.Helper()
+	c := schemaCompiler(t)
 	out := map[string]*jsonschema.Schema{}
 	for doc, file := range schemaOf {
 		s, err := c.Compile(schemas.BaseURL + file)
@@ -123,8 +146,35 @@ func goDecode(kind string, data []byte) ([]byte, error) {
 			return nil, err
 		}
 		return json.Marshal(h)
+	case "run-request":
+		r, err := job.DecodeRunRequest(data, job.RunLimits{})
+		if err != nil {
+			return nil, err
+		}
+		if err := r.Validate(job.Limits{}, job.RunLimits{}); err != nil {
+			return nil, err
+		}
+		return json.Marshal(r)
+	case "run-definition":
+		return reencode(job.DecodeRunRecord(data))
+	case "run-node-ended":
+		return reencode(job.DecodeNodeEnded(data))
+	case "run-cancel":
+		return reencode(job.DecodeRunCancel(data))
+	case "run-retry":
+		return reencode(job.DecodeRunRetry(data))
+	case "run-end":
+		return reencode(job.DecodeRunEnd(data))
 	}
 	panic(kind)
+}
+
+// reencode is what a decoder wrote back: v encoded, unless err.
+func reencode[T any](v *T, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
 }
 
 func TestFixturesAgreeWithSchemas(t *testing.T) {
@@ -190,7 +240,12 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 	for _, k := range []string{"request/valid", "request/invalid", "request/semantic", "event/valid", "event/invalid",
 		"result/valid", "result/invalid", "heartbeat/valid", "heartbeat/invalid",
 		"request-v2/valid", "request-v2/invalid", "request-v2/semantic", "event-v2/valid", "event-v2/invalid",
-		"record-v2/valid", "record-v2/invalid", "record-v2/semantic"} {
+		"record-v2/valid", "record-v2/invalid", "record-v2/semantic",
+		"run-request/valid", "run-request/invalid", "run-request/semantic",
+		"run-definition/valid", "run-definition/invalid", "run-definition/semantic",
+		"run-node-ended/valid", "run-node-ended/invalid", "run-node-ended/semantic",
+		"run-cancel/valid", "run-cancel/invalid", "run-retry/valid", "run-retry/invalid",
+		"run-end/valid", "run-end/invalid", "run-end/semantic"} {
 		if counts[k] == 0 {
 			t.Errorf("no fixtures in %s", k)
 		}
@@ -254,6 +309,81 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 	for _, f := range reflect.VisibleFields(reflect.TypeFor[job.Record]()) {
 		if !set[f.Name] {
 			t.Errorf("no sample record sets Record.%s", f.Name)
+		}
+	}
+
+	// A run's documents, and the end of a node that job.EndOf makes of
+	// its job's final version.
+	final := sampleRecords()[1]
+	final.ID, final.RunID, final.NodeID = job.RunJobID("nightly", "index", 3), "nightly", "index"
+	final.Result.JobID = final.ID
+	ended, ok := job.EndOf(final)
+	if !ok {
+		t.Fatal("EndOf: not the end of a node")
+	}
+	set = map[string]bool{}
+	for _, c := range []struct {
+		kind string
+		doc  any
+	}{
+		{"run-request", sampleRunRequest()},
+		{"run-definition", sampleRunRecord()},
+		{"run-node-ended", sampleNodeEnded()},
+		{"run-node-ended", ended},
+		{"run-cancel", sampleRunCancel()},
+		{"run-retry", sampleRunRetry()},
+		{"run-end", sampleRunEnd()},
+	} {
+		fieldsSet(reflect.ValueOf(c.doc), set)
+		data, err := json.Marshal(c.doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := schemaErr(compiled[c.kind], data); err != nil {
+			t.Errorf("%s: %v\n%s", c.kind, err, data)
+		}
+		if _, err := goDecode(c.kind, data); err != nil {
+			t.Errorf("%s: %v", c.kind, err)
+		}
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[job.RunRequest](), reflect.TypeFor[job.RunNode](),
+		reflect.TypeFor[job.OutputOf](), reflect.TypeFor[job.RunRecord](), reflect.TypeFor[job.RunNodeRecord](),
+		reflect.TypeFor[job.NodeEnded](), reflect.TypeFor[job.RunCancel](), reflect.TypeFor[job.RunRetry](),
+		reflect.TypeFor[job.RunEnd](), reflect.TypeFor[job.NodeState]()} {
+		for _, f := range reflect.VisibleFields(typ) {
+			if !set[typ.Name()+"."+f.Name] {
+				t.Errorf("no sample sets %s.%s", typ.Name(), f.Name)
+			}
+		}
+	}
+}
+
+// fieldsSet notes in set, as Type.Field, every field of package job's
+// struct types that v sets, however deep: in pointers, slices and maps.
+func fieldsSet(v reflect.Value, set map[string]bool) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			fieldsSet(v.Elem(), set)
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			fieldsSet(v.Index(i), set)
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			fieldsSet(it.Value(), set)
+		}
+	case reflect.Struct:
+		typ := v.Type()
+		if typ.PkgPath() != reflect.TypeFor[job.Request]().PkgPath() {
+			return
+		}
+		for i := range v.NumField() {
+			if !v.Field(i).IsZero() {
+				set[typ.Name()+"."+typ.Field(i).Name] = true
+			}
+			fieldsSet(v.Field(i), set)
 		}
 	}
 }
@@ -341,6 +471,130 @@ func TestEventsOfRecordsMatchSchema(t *testing.T) {
 			}
 			if _, err := job.DecodeEvent(enc); err != nil {
 				t.Errorf("%s: event %s: %v", f, e.Type, err)
+			}
+		}
+	}
+}
+
+// A version that also records its attempt's start stands for that
+// attempt's started event first, at the attempt's start, then its own:
+// a watcher hears every attempt start, whether or not it had a running
+// version of its own.
+func TestEventsOfAVersionThatRecordsItsAttemptsStart(t *testing.T) {
+	data, err := os.ReadFile("../schemas/testdata/record-v2/valid/succeeded-attempt-started.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := job.DecodeRecord(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := job.EventsOf(rec)
+	if len(es) != 2 || es[0].Type != job.EventStarted || es[1].Type != job.EventSucceeded {
+		t.Fatalf("events %v; want started, succeeded", es)
+	}
+	if !es[0].Time.Equal(*rec.Result.StartedAt) || es[0].Attempt != 1 || es[0].WorkerID != "w1" {
+		t.Errorf("started event %+v; want attempt 1 of w1 at %s", es[0], rec.Result.StartedAt)
+	}
+	// A retry's version: the attempt's start is its entry in the history.
+	start := rec.Result.StartedAt.Add(-time.Second)
+	retry := rec.Version()
+	retry.State, retry.Event, retry.FinishedAt, retry.AttemptStarted = job.StateRetrying, job.EventRetryScheduled, nil, true
+	retry.Failure = job.Failf(job.ClassExecution, job.CodeExitCode, "exit 1")
+	retry.History = []job.Attempt{{Attempt: 1, StartedAt: &start, Failure: retry.Failure}}
+	if es := job.EventsOf(retry); len(es) != 2 || es[0].Type != job.EventStarted || !es[0].Time.Equal(start) {
+		t.Errorf("retry's events %v; want started at %s first", es, start)
+	}
+	rec.AttemptStarted = false
+	if es := job.EventsOf(rec); len(es) != 1 {
+		t.Errorf("a version without attempt_started stands for %d events; want 1", len(es))
+	}
+}
+
+// A run's node's job is an execution request, whose fields only the fleet
+// sets (id, run_id, node_id) aside: every request fixture, as the job of
+// a run's one node, gets the verdict it gets alone, from the schemas and
+// from Go.
+func TestRunNodesJobsAreRequests(t *testing.T) {
+	compiled := compileSchemas(t)
+	files, err := filepath.Glob("../schemas/testdata/request*/*/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no request fixtures: %v", err)
+	}
+	n := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]any
+		if json.Unmarshal(data, &doc) != nil || doc == nil || doc["id"] != nil || doc["run_id"] != nil || doc["node_id"] != nil {
+			continue
+		}
+		n++
+		run := []byte(`{"id": "r", "nodes": [{"id": "a", "job": ` + string(data) + `}]}`)
+		reqErr := schemaErr(compiled["request-v2"], data)
+		runErr := schemaErr(compiled["run-request"], run)
+		if (reqErr == nil) != (runErr == nil) {
+			t.Errorf("%s: the request schema says %v, the run's says %v", f, reqErr, runErr)
+		}
+		_, reqErr = goDecode("request-v2", data)
+		_, runErr = goDecode("run-request", run)
+		if (reqErr == nil) != (runErr == nil) {
+			t.Errorf("%s: Go says %v of the request, %v of the run", f, reqErr, runErr)
+		}
+	}
+	if n < 20 {
+		t.Errorf("only %d request fixtures without an id", n)
+	}
+}
+
+// The schema's bound on a run's nodes is Go's default one.
+func TestRunRequestNodeBoundMatchesGo(t *testing.T) {
+	compiled := compileSchemas(t)
+	for _, n := range []int{job.DefaultMaxRunNodes, job.DefaultMaxRunNodes + 1} {
+		r := &job.RunRequest{ID: "many", Nodes: make([]job.RunNode, n)}
+		for i := range r.Nodes {
+			r.Nodes[i] = job.RunNode{ID: "n" + strconv.Itoa(i), Job: &job.Request{Command: []string{"true"}}}
+		}
+		data, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sErr := schemaErr(compiled["run-request"], data)
+		_, gErr := goDecode("run-request", data)
+		if (sErr == nil) != (n <= job.DefaultMaxRunNodes) || (gErr == nil) != (sErr == nil) {
+			t.Errorf("%d nodes: the schema says %v, Go %v", n, sErr, gErr)
+		}
+	}
+}
+
+// run-record.v1 holds every message of a run, each as exactly one of its
+// $defs: a valid message of each kind is valid as a run record, and as no
+// other kind's.
+func TestRunRecordTellsItsMessagesApart(t *testing.T) {
+	compiled := compileSchemas(t)
+	whole, err := schemaCompiler(t).Compile(schemas.BaseURL + schemas.RunRecord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range runMessages {
+		files, err := filepath.Glob("../schemas/testdata/" + kind + "/valid/*.json")
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no valid fixtures of %s: %v", kind, err)
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := schemaErr(whole, data); err != nil {
+				t.Errorf("%s: not a run record: %v", f, err)
+			}
+			for _, other := range runMessages {
+				if other != kind && schemaErr(compiled[other], data) == nil {
+					t.Errorf("%s: also valid as %s", f, other)
+				}
 			}
 		}
 	}

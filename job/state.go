@@ -103,14 +103,21 @@ type Record struct {
 	// timed out: its request was copied to its pool's dead letters first
 	// (v2).
 	DeadLettered bool `json:"dead_lettered,omitempty"`
+	// AttemptStarted says this version also records the start of its
+	// attempt: the attempt ended (or was retried) before its worker
+	// recorded it as running, which a worker does once an attempt has run
+	// a moment (its --running-after). The attempt's started event comes
+	// with this version's own (v2).
+	AttemptStarted bool `json:"attempt_started,omitempty"`
 }
 
 // Version returns the record without what only its first or final
-// version carries (the request, its secrets, the result): what a later
-// version starts from.
+// version carries (the request, its secrets, the result) and what only
+// one version says (its phase and message, that it records its attempt's
+// start): what a later version starts from.
 func (r *Record) Version() *Record {
 	c := *r
-	c.Request, c.Secrets, c.Result = nil, "", nil
+	c.Request, c.Secrets, c.Result, c.AttemptStarted = nil, "", nil, false
 	c.History = append([]Attempt(nil), r.History...)
 	c.Phase, c.Message = "", ""
 	return &c
@@ -118,15 +125,38 @@ func (r *Record) Version() *Record {
 
 // EventsOf is the lifecycle events a record version stands for: its
 // event, after a dead_lettered one for a final version that says the job
-// was dead-lettered (the final event is always a job's last).
+// was dead-lettered (the final event is always a job's last), and after
+// the started event of its attempt when the version records that start
+// too (AttemptStarted).
 func EventsOf(r *Record) []*Event {
-	e := EventOf(r)
-	if !r.DeadLettered {
-		return []*Event{e}
+	var out []*Event
+	if r.AttemptStarted {
+		out = append(out, startOf(r))
 	}
-	dl := *e
-	dl.Type, dl.ExitCode = EventDeadLettered, nil
-	return []*Event{&dl, e}
+	e := EventOf(r)
+	if r.DeadLettered {
+		dl := *e
+		dl.Type, dl.ExitCode = EventDeadLettered, nil
+		out = append(out, &dl)
+	}
+	return append(out, e)
+}
+
+// startOf is the started event of the attempt a version ends, for a
+// version that records that start (see AttemptStarted): at the attempt's
+// start, as its result or its entry in the history says.
+func startOf(r *Record) *Event {
+	at := r.UpdatedAt
+	switch {
+	case r.Result != nil && r.Result.StartedAt != nil:
+		at = *r.Result.StartedAt
+	case len(r.History) > 0 && r.History[len(r.History)-1].Attempt == r.Attempt && r.History[len(r.History)-1].StartedAt != nil:
+		at = *r.History[len(r.History)-1].StartedAt
+	case r.StartedAt != nil:
+		at = *r.StartedAt
+	}
+	return &Event{JobID: r.ID, Tenant: r.Tenant, Attempt: r.Attempt, Type: EventStarted, Time: at, WorkerID: r.WorkerID,
+		Pool: r.Pool, Backend: r.Backend, TraceID: r.TraceID}
 }
 
 // EventOf is the lifecycle event a record version stands for (schema

@@ -25,6 +25,18 @@ const (
 	JobRecordV2 = "job-record.v2.json"
 )
 
+// Names of the schema files of runs, graphs of jobs submitted at once
+// (job.RunRequest), which came with contract v2.
+const (
+	// RunRequest is what a producer submits: a run's nodes, each a v2
+	// execution request.
+	RunRequest = "run-request.v1.json"
+	// RunRecord is every message of a run that the runs' stream keeps:
+	// its definition, the ends of its nodes, its cancels, retries and
+	// ends, each one of the schema's $defs.
+	RunRecord = "run-record.v1.json"
+)
+
 // BaseURL is the prefix of every schema's $id.
 const BaseURL = "https://fleet.dev/schemas/"
 
