@@ -21,30 +21,18 @@ import (
 // sealed, and only a dispatcher can submit it again (see RetryDeadLetter).
 func DeadLetters(ctx context.Context, js jetstream.JetStream, n Names, tenant, pool string) ([]*job.DeadLetter, error) {
 	subject := n.prefix() + ".dlq." + cmp.Or(pool, "*") + "." + cmp.Or(tenant, "*") + ".>"
-	cons, err := js.OrderedConsumer(ctx, n.DLQStream(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		return nil, fmt.Errorf("dead letters: %w", err)
-	}
 	var out []*job.DeadLetter
-	for {
-		batch, err := cons.FetchNoWait(256)
-		if err != nil {
-			return nil, fmt.Errorf("dead letters: %w", err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
+	err := readAll(ctx, js, n.DLQStream(), jetstream.ConsumerConfig{FilterSubjects: []string{subject}}, 256,
+		func(m jetstream.Msg) error {
 			if dl, err := decodeDeadLetter(m); err == nil {
 				out = append(out, dl)
 			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, fmt.Errorf("dead letters: %w", err)
-		}
-		if got == 0 {
-			return out, nil
-		}
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("dead letters: %w", err)
 	}
+	return out, nil
 }
 
 // DeadLetterBody is the body of a job's dead letter (contract v2): the

@@ -366,22 +366,10 @@ type version struct {
 }
 
 // versions reads every version of a job's record in its pool's stream,
-// oldest first, with one ordered consumer: those that agree with their
-// subject, and the sequence of the job's last message, agreeing or not.
-// The versions it ignores are logged, once.
+// oldest first (see readAll): those that agree with their subject, and
+// the sequence of the job's last message, agreeing or not. The versions
+// it ignores are logged, once.
 func (j *Jobs) versions(ctx context.Context, k JobKey) ([]version, uint64, error) {
-	s, err := j.js.Stream(ctx, j.names.PoolStreamV2(k.Pool))
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, 0, ErrNotFound
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("history of job %s: %w", k.ID, err)
-	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{j.names.PoolJobAll(k.Pool, k.Tenant, k.ID)}})
-	if err != nil {
-		return nil, 0, fmt.Errorf("history of job %s: %w", k.ID, err)
-	}
 	var out []version
 	var last uint64
 	ignored, firstIgnored, claimed := 0, "", JobKey{}
@@ -392,38 +380,31 @@ func (j *Jobs) versions(ctx context.Context, k JobKey) ([]version, uint64, error
 				"ignored", ignored, "versions", len(out)+ignored)
 		}
 	}()
-	// Each message says how many more the consumer has for it: the last
-	// says none.
-	for {
-		batch, err := c.FetchNoWait(64)
+	err := readAll(ctx, j.js, j.names.PoolStreamV2(k.Pool), jetstream.ConsumerConfig{
+		FilterSubjects: []string{j.names.PoolJobAll(k.Pool, k.Tenant, k.ID)}}, 64, func(m jetstream.Msg) error {
+		md, err := m.Metadata()
 		if err != nil {
-			return nil, 0, fmt.Errorf("history of job %s: %w", k.ID, err)
+			return err
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, 0, fmt.Errorf("history of job %s: %w", k.ID, err)
+		last = md.Sequence.Stream
+		if rec, ok := decodeVersion(m.Data(), k); ok {
+			out = append(out, version{rec: rec, seq: md.Sequence.Stream, at: md.Timestamp})
+		} else {
+			if ignored == 0 {
+				firstIgnored = m.Subject()
+				claimed, _, _ = claims(m.Data())
 			}
-			last = md.Sequence.Stream
-			if rec, ok := decodeVersion(m.Data(), k); ok {
-				out = append(out, version{rec: rec, seq: md.Sequence.Stream, at: md.Timestamp})
-			} else {
-				if ignored == 0 {
-					firstIgnored = m.Subject()
-					claimed, _, _ = claims(m.Data())
-				}
-				ignored++
-			}
-			if md.NumPending == 0 {
-				return out, last, nil
-			}
+			ignored++
 		}
-		if n == 0 {
-			return out, last, nil
-		}
+		return nil
+	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, 0, ErrNotFound
 	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("history of job %s: %w", k.ID, err)
+	}
+	return out, last, nil
 }
 
 // lastAgreeing returns the last version of a job's record that agrees

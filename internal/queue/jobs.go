@@ -384,29 +384,16 @@ func IsNoStream(err error) bool { return errors.Is(err, jetstream.ErrNoStreamRes
 // Notices returns a job's heartbeat and log events that the events stream
 // holds, oldest first.
 func Notices(ctx context.Context, js jetstream.JetStream, n Names, k JobKey) ([]*job.Event, error) {
-	c, err := js.OrderedConsumer(ctx, n.EventsStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{n.JobNotices(k.Tenant, k.Pool, k.ID)}})
-	if err != nil {
-		return nil, fmt.Errorf("notices of job %s: %w", k.ID, err)
-	}
 	var out []*job.Event
-	for {
-		batch, err := c.FetchNoWait(256)
-		if err != nil {
-			return out, fmt.Errorf("notices of job %s: %w", k.ID, err)
+	err := readAll(ctx, js, n.EventsStream(), jetstream.ConsumerConfig{
+		FilterSubjects: []string{n.JobNotices(k.Tenant, k.Pool, k.ID)}}, 256, func(m jetstream.Msg) error {
+		if e, err := job.DecodeEvent(m.Data()); err == nil {
+			out = append(out, e)
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			if e, err := job.DecodeEvent(m.Data()); err == nil {
-				out = append(out, e)
-			}
-			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-				return out, nil
-			}
-		}
-		if got == 0 {
-			return out, nil
-		}
+		return nil
+	})
+	if err != nil {
+		return out, fmt.Errorf("notices of job %s: %w", k.ID, err)
 	}
+	return out, nil
 }

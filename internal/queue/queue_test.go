@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,11 @@ func TestStreamsMatchTheContract(t *testing.T) {
 	if s := v2["FLEET_EVENTS"]; len(s.Subjects) != 1 || s.Subjects[0] != "fleet.t.*.ev.>" {
 		t.Errorf("events stream without v1: %+v", s.Subjects)
 	}
-	if len(v2) != 3 {
+	if s := v2["FLEET_RUNS"]; len(s.Subjects) != 1 || s.Subjects[0] != "fleet.r.>" || s.RePublish == nil ||
+		s.RePublish.Source != "fleet.r.*.*.>" || s.RePublish.Destination != "fleet.t.{{wildcard(1)}}.run.{{wildcard(2)}}.>" {
+		t.Errorf("runs stream: %+v", s)
+	}
+	if len(v2) != 4 {
 		t.Errorf("v2 streams: %v", v2)
 	}
 	p := (Config{}).PoolStreamV2("gpu")
@@ -64,7 +69,35 @@ func TestStreamsMatchTheContract(t *testing.T) {
 	if s := byName["FLEET_EVENTS"]; s.Retention != jetstream.LimitsPolicy || s.MaxAge == 0 {
 		t.Errorf("events stream: %+v", s)
 	}
-	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 5 {
+	if _, ok := byName["FLEET_DLQ"]; !ok || len(byName) != 6 {
 		t.Errorf("streams: %v", byName)
+	}
+}
+
+// TestParseRunLive: the live copy of each of a run's messages is read as
+// the message itself is, and what is not one is refused.
+func TestParseRunLive(t *testing.T) {
+	for _, n := range []Names{{}, {Prefix: "acme.prod"}} {
+		for what, stored := range map[string]string{
+			"def": n.RunDef("acme", "r-1"), "node.gpu.train": n.RunNodeEnded("acme", "r-1", "gpu", "train"),
+			"cancel.1": n.RunCancel("acme", "r-1", 1), "retry.2": n.RunRetry("acme", "r-1", 2), "end.3": n.RunEnd("acme", "r-1", 3),
+		} {
+			want, ok := n.ParseRun(stored)
+			got, ok2 := n.ParseRunLive(n.RunLive("acme", "r-1", what))
+			if !ok || !ok2 || got != want {
+				t.Errorf("%q %s: %+v %v, want %+v", n.Prefix, what, got, ok2, want)
+			}
+		}
+		for _, bad := range []string{n.RunLive("acme", "r-1", "end.x"), n.RunLive("acme", "r-1", "other"),
+			n.RunLive("acme", "r:1", "def"), n.JobLive("acme", "default", "q", "x"), "elsewhere.t.acme.run.r-1.def"} {
+			if m, ok := n.ParseRunLive(bad); ok {
+				t.Errorf("%q: read as %+v", bad, m)
+			}
+		}
+		for _, pattern := range n.AllRunRoundsLive() {
+			if !strings.HasPrefix(pattern, n.RunLive("*", "*", "")) {
+				t.Errorf("pattern %s is not a run's live subject", pattern)
+			}
+		}
 	}
 }

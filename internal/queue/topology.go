@@ -106,7 +106,7 @@ func (c Config) Streams() []jetstream.StreamConfig {
 	dlq := base(c.DLQStream(), "Requests whose attempts are exhausted", c.AllDLQ())
 	dlq.MaxAge = c.DLQRetention
 	dlq.AllowDirect = true
-	streams := []jetstream.StreamConfig{intake, events, dlq}
+	streams := []jetstream.StreamConfig{intake, events, dlq, c.RunsStream()}
 	if !c.V1 {
 		return streams
 	}
@@ -291,6 +291,22 @@ func IntakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, log *
 func IntakeConsumerV2(ctx context.Context, js jetstream.JetStream, c Config, log *slog.Logger) (jetstream.Consumer, error) {
 	c = c.WithDefaults()
 	return intakeConsumer(ctx, js, c, c.IntakeStream(), "Dispatchers taking stored submissions", log)
+}
+
+// RunsConsumer creates or updates the dispatchers' consumer on the runs'
+// stream, waiting as Setup does.
+func RunsConsumer(ctx context.Context, js jetstream.JetStream, c Config, pinnedTTL time.Duration, log *slog.Logger) (jetstream.Consumer, error) {
+	c = c.WithDefaults()
+	cc := c.RunsConsumerConfig(pinnedTTL)
+	var cons jetstream.Consumer
+	err := retry(ctx, js, log, "consumer "+cc.Durable, func(ctx context.Context) (err error) {
+		cons, err = bindConsumer(ctx, js, c.Names.RunsStream(), cc)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s on %s: %w", cc.Durable, c.Names.RunsStream(), err)
+	}
+	return cons, nil
 }
 
 func intakeConsumer(ctx context.Context, js jetstream.JetStream, c Config, stream, desc string, log *slog.Logger) (jetstream.Consumer, error) {
