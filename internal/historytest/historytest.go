@@ -72,7 +72,7 @@ func Check(name string, vs []Version) []Violation {
 	if len(vs) == 0 {
 		return nil
 	}
-	if first := vs[0]; !strings.HasPrefix(first.Kind, "q") && first.Rec.State != job.StateRejected {
+	if first := vs[0]; !strings.HasPrefix(first.Kind, "q") && first.Rec.State != job.StateRejected && !unrun(first) {
 		bad("its first version is not the one that queued it: %s", first)
 	}
 	finalAt := -1
@@ -113,6 +113,13 @@ func Check(name string, vs []Version) []Violation {
 		}
 	}
 	return out
+}
+
+// unrun reports whether v ends a run's node that never ran, as its first
+// version: a final version, cancelled (see CheckRun for when it may be).
+func unrun(v Version) bool {
+	_, _, _, node := job.ParseRunJobID(v.Rec.ID)
+	return node && v.final() && v.Rec.State == job.StateCancelled && v.Rec.Failure != nil
 }
 
 // Pool is the history of every job of a pool's stream, by tenant/id.
