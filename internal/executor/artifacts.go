@@ -35,6 +35,10 @@ func NewWorkspace(ctx context.Context, t *Task, base string, inline map[string]s
 		}
 		fill = func(dir string) error { return t.Artifacts.FetchInputs(ctx, dir) }
 	}
+	if r := t.Request; job.ValidRunID(r.RunID) && job.ValidNodeID(r.NodeID) {
+		// A run's node: in the run's and the node's folders.
+		return workspace.CreateForNode(base, r.RunID, r.NodeID, t.Attempt, inline, fill)
+	}
 	return workspace.CreateWith(base, t.JobID, t.Attempt, inline, fill)
 }
 

@@ -50,6 +50,16 @@ type Task struct {
 	Artifacts Artifacts
 }
 
+// RunEnv is the environment that names a run's node to its attempt,
+// FLEET_RUN_ID and FLEET_NODE_ID, as the request's run_id and node_id say;
+// nothing for another job.
+func RunEnv(r *job.Request) []string {
+	if r == nil || r.RunID == "" && r.NodeID == "" {
+		return nil
+	}
+	return []string{"FLEET_RUN_ID=" + r.RunID, "FLEET_NODE_ID=" + r.NodeID}
+}
+
 // Reporter receives output and progress from a running attempt. Its methods
 // are safe for concurrent use and never block for long: the worker bounds
 // what it publishes.

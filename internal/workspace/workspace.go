@@ -53,6 +53,8 @@ type Dir struct {
 	Inputs  string
 	Outputs string
 	Work    string
+	// prune are the folders above Root removed with it once empty.
+	prune []string
 }
 
 // Create makes a fresh workspace under base for an attempt of a job and
@@ -67,11 +69,31 @@ func Create(base, jobID string, attempt int, inputs map[string]string) (*Dir, er
 // by reference. When fill fails, the workspace is removed and its error
 // returned as it is.
 func CreateWith(base, jobID string, attempt int, inputs map[string]string, fill func(inputs string) error) (*Dir, error) {
+	return create(base, jobID+"-"+strconv.Itoa(attempt), nil, inputs, fill)
+}
+
+// RunsDir is the folder of the base where the attempts of runs' nodes
+// are laid out, a folder a run and a folder a node in it, as the seed laid
+// out a run: <base>/runs/<run>/<node>/<attempt>-<random>.
+const RunsDir = "runs"
+
+// CreateForNode is CreateWith for an attempt of a run's node, in the run's
+// and the node's folders (see RunsDir); removing the workspace removes
+// those folders too once they are empty.
+func CreateForNode(base, run, node string, attempt int, inputs map[string]string, fill func(inputs string) error) (*Dir, error) {
+	nodeDir := filepath.Join(base, RunsDir, run, node)
+	return create(nodeDir, strconv.Itoa(attempt), []string{nodeDir, filepath.Dir(nodeDir)}, inputs, fill)
+}
+
+// create makes the workspace <parent>/<name>-<random>; prune are the
+// folders above it to remove, once empty, after it.
+func create(parent, name string, prune []string, inputs map[string]string, fill func(inputs string) error) (*Dir, error) {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	root := filepath.Join(base, jobID+"-"+strconv.Itoa(attempt)+"-"+hex.EncodeToString(rnd[:]))
-	d := &Dir{Root: root, Inputs: filepath.Join(root, "inputs"), Outputs: filepath.Join(root, "outputs"), Work: filepath.Join(root, "work")}
-	if err := os.MkdirAll(base, 0o755); err != nil {
+	root := filepath.Join(parent, name+"-"+hex.EncodeToString(rnd[:]))
+	d := &Dir{Root: root, Inputs: filepath.Join(root, "inputs"), Outputs: filepath.Join(root, "outputs"), Work: filepath.Join(root, "work"),
+		prune: prune}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("create workspace: %w", err)
 	}
 	// Mkdir, not MkdirAll: each folder is new, and a directory operation
@@ -196,5 +218,9 @@ func (d *Dir) Remove() error {
 		}
 		return nil
 	})
-	return os.RemoveAll(d.Root)
+	err := os.RemoveAll(d.Root)
+	for _, p := range d.prune {
+		_ = os.Remove(p) // only once empty: another attempt's may be there
+	}
+	return err
 }

@@ -36,6 +36,11 @@ const (
 	// LabelTenant is the job's tenant, on containers and data volumes of
 	// other tenants' jobs than the default one's.
 	LabelTenant = "fleet.tenant"
+	// LabelRunID and LabelNodeID name the run and the node a run's
+	// node's attempt is of, as the seed's bijux.run_id and bijux.node_id
+	// did.
+	LabelRunID  = "fleet.run_id"
+	LabelNodeID = "fleet.node_id"
 )
 
 // cfsPeriod is the CFS period of every container, in microseconds: the
@@ -68,6 +73,9 @@ func labels(t *executor.Task, workspaceRoot string) map[string]string {
 	}
 	if tenant := executor.TenantKey(t.Tenant); tenant != "" {
 		l[LabelTenant] = tenant
+	}
+	if r := t.Request; r != nil && r.RunID != "" {
+		l[LabelRunID], l[LabelNodeID] = r.RunID, r.NodeID
 	}
 	return l
 }
@@ -166,6 +174,7 @@ func environ(t *executor.Task, data bool) []string {
 		"FLEET_ATTEMPT=" + strconv.Itoa(t.Attempt),
 		"FLEET_POOL=" + t.Pool,
 	}
+	env = append(env, executor.RunEnv(t.Request)...)
 	if data {
 		env = append(env, "FLEET_DATA="+workspace.ContainerData)
 	}

@@ -91,6 +91,12 @@ func TestLabels(t *testing.T) {
 	if got := labels(task, "/var/lib/fleet/Job.1-2-ab"); !reflect.DeepEqual(got, want) {
 		t.Errorf("labels = %v, want %v", got, want)
 	}
+	// A run's node's: its run and node, as the seed's bijux.run_id and
+	// bijux.node_id.
+	task.Request = &job.Request{RunID: "nightly", NodeID: "train"}
+	if got := labels(task, "/w"); got["fleet.run_id"] != "nightly" || got["fleet.node_id"] != "train" {
+		t.Errorf("labels of a run's node: %v", got)
+	}
 }
 
 func TestRunAs(t *testing.T) {

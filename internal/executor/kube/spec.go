@@ -8,6 +8,7 @@ import (
 	"path"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -32,6 +33,10 @@ const (
 	LabelAttempt   = "fleet.dev/attempt"
 	LabelWorkerID  = "fleet.dev/worker-id"
 	LabelPool      = "fleet.dev/pool"
+	// LabelRunID and LabelNodeID name the run and the node a run's
+	// node's Job is of, as the seed's bijux.run_id and bijux.node_id did.
+	LabelRunID  = "fleet.dev/run-id"
+	LabelNodeID = "fleet.dev/node-id"
 
 	AnnotationJobID = "fleet.dev/job-id"
 	// AnnotationTenant is the job's tenant, on Jobs and pods of other
@@ -99,6 +104,9 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPa
 	labels[LabelJobID] = labelValue(t.JobID)
 	labels[LabelAttempt] = strconv.Itoa(t.Attempt)
 	labels[LabelPool] = labelValue(t.Pool)
+	if req.RunID != "" {
+		labels[LabelRunID], labels[LabelNodeID] = labelValue(req.RunID), labelValue(req.NodeID)
+	}
 	ids := map[string]string{AnnotationJobID: t.JobID, AnnotationWorkerID: t.WorkerID}
 	if tenant := executor.TenantKey(t.Tenant); tenant != "" {
 		ids[AnnotationTenant] = tenant
@@ -115,6 +123,10 @@ func (c *Config) build(t *executor.Task, req *job.Request, name, subPath, dataPa
 		{Name: "FLEET_JOB_ID", Value: t.JobID},
 		{Name: "FLEET_ATTEMPT", Value: strconv.Itoa(t.Attempt)},
 		{Name: "FLEET_POOL", Value: t.Pool},
+	}
+	for _, kv := range executor.RunEnv(req) {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
 	}
 	if dataPath != "" {
 		env = append(env, corev1.EnvVar{Name: "FLEET_DATA", Value: workspace.ContainerData})

@@ -131,6 +131,18 @@ func TestBuild(t *testing.T) {
 		},
 		cfg: Config{PodAnnotations: map[string]string{"kwok": "yes"}},
 	}, {
+		name: "a run's node: its run and node in labels and the environment, as the seed's bijux.run_id and bijux.node_id",
+		req:  request(func(r *job.Request) { r.RunID, r.NodeID = "nightly:2026", "train" }),
+		check: func(t *testing.T, s *spec) {
+			labels := pairs(s.job.Spec.Template.Labels)
+			if !strings.Contains(labels, "fleet.dev/node-id=train") || !strings.Contains(labels, "fleet.dev/run-id=nightly-2026-") {
+				t.Errorf("pod labels %s: want the run (made a label value) and the node", labels)
+			}
+			if e := env(s.job.Spec.Template.Spec.Containers[0]); !strings.Contains(e, "FLEET_RUN_ID=nightly:2026 FLEET_NODE_ID=train") {
+				t.Errorf("env %s: want FLEET_RUN_ID and FLEET_NODE_ID", e)
+			}
+		},
+	}, {
 		name: "resources, GPUs and a deadline rounded up",
 		req: request(func(r *job.Request) {
 			r.Resources = &job.Resources{CPU: "500m", Memory: "1Gi", GPU: 2}

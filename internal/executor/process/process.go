@@ -275,6 +275,7 @@ func (e *Executor) environ(t *executor.Task, dir *workspace.Dir, data string) []
 		"FLEET_ATTEMPT=" + strconv.Itoa(t.Attempt),
 		"FLEET_POOL=" + t.Pool,
 	}
+	env = append(env, executor.RunEnv(t.Request)...)
 	if data != "" {
 		env = append(env, "FLEET_DATA="+data)
 	}

@@ -34,9 +34,16 @@ func (e *Executor) Recover(ctx context.Context, workerID string) error {
 	if err != nil {
 		return fmt.Errorf("attempts folder: %w", err)
 	}
-	var errs []error
+	var roots []string
 	for _, entry := range entries {
-		root := filepath.Join(e.cfg.Dir, entry.Name())
+		roots = append(roots, filepath.Join(e.cfg.Dir, entry.Name()))
+	}
+	// The attempts of runs' nodes, a folder deeper each (see
+	// workspace.RunsDir).
+	nodes, _ := filepath.Glob(filepath.Join(e.cfg.Dir, workspace.RunsDir, "*", "*", "*"))
+	roots = append(roots, nodes...)
+	var errs []error
+	for _, root := range roots {
 		owner, err := os.ReadFile(filepath.Join(root, ownerFile))
 		if err != nil || string(owner) != workerID {
 			continue // another worker's, or not a workspace
