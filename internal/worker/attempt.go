@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,7 +47,10 @@ type delivery struct {
 	req        *job.Request
 	rec        *job.Record // the record as last read or written
 	rev        uint64      // and its revision
-	sub        time.Time   // submission time
+	// unrecorded: rec is the attempt's running version, held back (see
+	// begin) and not stored; rev is still the version before it.
+	unrecorded bool
+	sub        time.Time // submission time
 	span       trace.Span
 	traceID    string // from the job message
 
@@ -182,7 +186,7 @@ func (d *delivery) receive() (context.Context, *situation) {
 	}
 
 	ctx := telemetry.Propagator.Extract(w.scope.settle, queue.HeaderCarrier(d.msg.Headers()))
-	d.traceID = telemetry.TraceID(ctx)
+	d.traceID = cmp.Or(telemetry.TraceID(ctx), queued.TraceID)
 	// On a first delivery the record is the message itself, at the
 	// message's sequence: the worker's first write is a compare-and-set
 	// against it, and no read is needed. Otherwise, read it.

@@ -81,6 +81,7 @@ type memJournal struct {
 	records map[string][]byte
 	revs    map[string]uint64
 	notices []*job.Event
+	ended   []*job.NodeEnded
 	dlq     int
 	fail    map[string]error
 	// onWrite, when set, runs before each record write: a test changes
@@ -226,6 +227,17 @@ func (j *memJournal) Notice(e *job.Event) error {
 	j.notices = append(j.notices, e)
 	j.mu.Unlock()
 	return j.failing(what)
+}
+
+func (j *memJournal) NodeEnded(tenant string, e *job.NodeEnded) (pending, error) {
+	j.ops.add("node ended %s %s", e.NodeID, e.State)
+	if err := j.failing("node ended"); err != nil {
+		return nil, err
+	}
+	j.mu.Lock()
+	j.ended = append(j.ended, e)
+	j.mu.Unlock()
+	return memPending{j, "node ended"}, nil
 }
 
 func (j *memJournal) DeadLetter(queue.JobKey, []byte, *job.Failure, int) (pending, error) {

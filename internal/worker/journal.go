@@ -34,6 +34,9 @@ type journal interface {
 	SendRecord(rec *job.Record, rev uint64) (answer, error)
 	// Notice sends a heartbeat or log event, best effort.
 	Notice(e *job.Event) error
+	// NodeEnded sends that a run's node's job ended, without waiting:
+	// what takes the nodes after it on (see package runs).
+	NodeEnded(tenant string, e *job.NodeEnded) (pending, error)
 	// DeadLetter copies a job's message to its pool's dead letters, with
 	// its last failure and attempts (queue.DeadLetterBody), without
 	// waiting.
@@ -80,6 +83,18 @@ func (j *jsJournal) Notice(e *job.Event) error {
 		return err
 	}
 	return j.nc.PublishMsg(m)
+}
+
+func (j *jsJournal) NodeEnded(tenant string, e *job.NodeEnded) (pending, error) {
+	m, err := j.names.NodeEndedMsg(e, tenant)
+	if err != nil {
+		return nil, err
+	}
+	fut, err := j.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil, err
+	}
+	return jsPending{j.js, fut}, nil
 }
 
 func (j *jsJournal) DeadLetter(k queue.JobKey, msg []byte, f *job.Failure, attempts int) (pending, error) {

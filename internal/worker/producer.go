@@ -242,6 +242,19 @@ func (p *producer) pull() {
 			}
 			continue
 		}
+		// A queue of a higher priority is heard of and being bound: its
+		// jobs go first, and the only queue bound waits (see held).
+		if h := p.qs.held(); h != 0 && h < only.key.Priority {
+			<-fetches
+			p.slots.release(n)
+			select {
+			case <-p.qs.wake: // bound, or given up
+			case <-time.After(100 * time.Millisecond):
+			case <-p.ctx.Done():
+				return
+			}
+			continue
+		}
 		// The queue's consumer was found gone and is being made again: a
 		// pull request to the old one would hold the slots until it
 		// expires (or, as the server answers a pull to a consumer gone,

@@ -39,8 +39,5 @@ func (d *delivery) traceIDOr() string {
 	if id := telemetry.TraceID(d.ctx); id != "" {
 		return id
 	}
-	if d.rec != nil {
-		return d.rec.TraceID
-	}
-	return ""
+	return d.traceID
 }

@@ -64,7 +64,9 @@ type queueSet struct {
 	*queues
 	mu   sync.Mutex // binds one queue at a time
 	subs []*nats.Subscription
-	// binding are the queues heard of that a goroutine is binding to.
+	// binding are the queues heard of that a goroutine is binding to:
+	// each was heard of for a job, and while one is bound the queues of
+	// a lower priority get no slot (see held).
 	bindingMu sync.Mutex
 	binding   map[queue.QueueKey]bool
 	// nextList is when refreshQueues lists the queues again (its loop
@@ -422,9 +424,14 @@ func (p *producer) heard(key queue.QueueKey, told bool) {
 		return
 	}
 	// A queue new to this worker: bind to it beside the callbacks, one
-	// goroutine a queue.
+	// goroutine a queue. Meanwhile it holds the slots of lower
+	// priorities (see held): a pull request waiting on the pool's only
+	// queue, of a lower priority, has its wait cut.
 	if !p.qs.startBinding(key) {
 		return
+	}
+	if o := p.qs.only(); o != nil && o.key.Priority > key.Priority {
+		p.cutWaits()
 	}
 	go func() {
 		defer p.qs.endBinding(key)
@@ -490,10 +497,37 @@ func (qs *queueSet) startBinding(k queue.QueueKey) bool {
 	return true
 }
 
+// endBinding ends the binding of k, bound or given up, and wakes the
+// pull loop: what k held back is planned again.
 func (qs *queueSet) endBinding(k queue.QueueKey) {
 	qs.bindingMu.Lock()
-	defer qs.bindingMu.Unlock()
 	delete(qs.binding, k)
+	qs.bindingMu.Unlock()
+	select {
+	case qs.wake <- struct{}{}:
+	default:
+	}
+}
+
+// held returns the highest priority (the smallest number) of the queues
+// being bound, 0 when none is. A queue is bound when a job was heard
+// queued there, or a dispatcher said one was on its way: its jobs wait,
+// and no queue of a lower priority gets a slot until it is bound (its
+// pulls decide then) or given up. Binding takes a request to the
+// consumer's leader; a queue made while its stream elected a leader may
+// have none for seconds after the stream has one, and meanwhile the
+// queues already bound would take every slot (a pool's priorities hold
+// through a failover).
+func (qs *queueSet) held() int {
+	qs.bindingMu.Lock()
+	defer qs.bindingMu.Unlock()
+	h := 0
+	for k := range qs.binding {
+		if h == 0 || k.Priority < h {
+			h = k.Priority
+		}
+	}
+	return h
 }
 
 // refreshQueues lists the pool's queues again: new ones, and what waits
@@ -611,7 +645,7 @@ func (p *producer) pullPlanned(n int, done func()) bool {
 	if policy != nil && shares != nil && policy.MaxRunning > 0 && shares.Used+int64(p.run.Running()) >= int64(policy.MaxRunning) {
 		return false
 	}
-	plan := p.qs.plan(n, policy, p.tenantView(policy, shares, now), p.cfg.PausePoll, now)
+	plan := p.qs.plan(n, policy, p.tenantView(policy, shares, now), p.cfg.PausePoll, p.qs.held(), now)
 	if len(plan) == 0 {
 		return false
 	}

@@ -255,6 +255,42 @@ func TestBindingASecondQueueCutsTheWaitAndHandsBack(t *testing.T) {
 	eventually(t, "a rung once the hand-back is due", func() bool { return qa.pending.Load() >= 1 })
 }
 
+// A queue of a higher priority heard of, whose bind does not answer yet
+// (its consumer has no leader: made while its stream elected one), holds
+// back the pool's only queue: the pull request waiting there has its
+// wait cut, and no fetch goes to it while the bind lasts. Once bound, the
+// new queue, with the one job heard of, is pulled from first.
+func TestAHigherQueueBeingBoundHoldsTheLowerOnes(t *testing.T) {
+	release := make(chan struct{})
+	hi := newConsumer("hi")
+	src := &fakeSource{}
+	src.bindFn = func(ctx context.Context, k queue.QueueKey) (jetstream.Consumer, error) {
+		select {
+		case <-release:
+			return hi, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	p, run := testProducer(t, Config{Slots: 2, FetchWait: time.Minute, PausePoll: time.Minute}, src)
+	lo := newConsumer("lo")
+	addQueue(p, keyLow, lo, 100)
+	run.mu.Lock()
+	run.known = append(run.known, hi)
+	run.mu.Unlock()
+	startPull(p)
+	if b := lo.next(t); b.n != 2 {
+		t.Fatalf("asked the only queue for %d; want 2", b.n)
+	}
+	p.heard(keyHigh, true)
+	eventually(t, "the waiting pull request cut, its slots back", func() bool { return freeSlots(p) == 2 })
+	lo.none(t, 300*time.Millisecond, "from the lower queue while the higher one is bound")
+	close(release)
+	if b := hi.next(t); b.n != 1 {
+		t.Errorf("asked the new queue for %d; want 1, the job heard of", b.n)
+	}
+}
+
 // A queue heard of twice at once is bound by one goroutine: the second
 // word finds it being bound, and the queue is rung once, by the goroutine
 // that bound it. A word on a known queue rings it, and notes a job on its

@@ -168,6 +168,13 @@ func (h *hand) Notice(*job.Event) error {
 	return nil
 }
 
+func (h *hand) NodeEnded(string, *job.NodeEnded) (pending, error) {
+	if h.dead() {
+		return nil, errDead
+	}
+	return donePending{}, nil
+}
+
 func (h *hand) DeadLetter(queue.JobKey, []byte, *job.Failure, int) (pending, error) {
 	if h.dead() {
 		return nil, errDead

@@ -2,46 +2,121 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/executor"
-	"github.com/fleet-dev/fleet/internal/lifecycle"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
 // An attempt is the executor's Reporter: what the attempt says while it
 // runs becomes log and heartbeat events, bounded.
 
-// progress tells JetStream the attempt is alive, and publishes heartbeat
-// events, until the returned function is called.
+// clock is what a running attempt does in time, on a timer rather than a
+// goroutine of its own: once the attempt has run the worker's
+// RunningAfter, it stores the attempt's running version that begin held
+// back (recordStart); every Progress, it tells JetStream the attempt is
+// alive and publishes a heartbeat event, with what the attempt uses every
+// UsageInterval.
+type clock struct {
+	d         *delivery
+	mu        sync.Mutex // held by a tick, and by stop
+	t         *time.Timer
+	stopped   bool
+	nextUsage time.Time
+}
+
+// progress starts the attempt's clock, until the returned function is
+// called, which waits for a tick under way (a running version being
+// stored): what the attempt settles on is then known.
 func (d *delivery) progress() (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	nextUsage := time.Now().Add(d.w.cfg.UsageInterval)
-	go func() {
-		defer wg.Done()
-		lifecycle.Tick(ctx, d.w.cfg.Progress, func(context.Context) {
-			if err := d.msg.InProgress(); err != nil {
-				d.log().Warn("progress ack failed", "err", err)
-			}
-			// Every UsageInterval the heartbeat carries what the attempt
-			// uses, when the executor can read it.
-			var u *job.Usage
-			if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(nextUsage) {
-				nextUsage = now.Add(d.w.cfg.UsageInterval)
-				u = d.w.cfg.Usage.Of(d.ctx, executor.TenantKey(d.key.Tenant), d.id, d.n)
-			}
-			if u == nil {
-				d.notice(job.EventHeartbeat, nil)
-				return
-			}
-			d.notice(job.EventHeartbeat, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
-		})
-	}()
-	return func() { cancel(); wg.Wait() }
+	c := &clock{d: d, nextUsage: time.Now().Add(d.w.cfg.UsageInterval)}
+	first := d.w.cfg.Progress
+	if d.unrecorded {
+		first = d.w.runningAfter()
+	}
+	c.mu.Lock()
+	c.t = time.AfterFunc(first, c.tick)
+	c.mu.Unlock()
+	return c.stop
+}
+
+func (c *clock) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	c.t.Stop()
+}
+
+func (c *clock) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	d := c.d
+	if d.unrecorded {
+		d.recordStart()
+		// The first progress is due a Progress after the start; a write
+		// that did not get through is tried again then too.
+		c.t.Reset(max(d.w.cfg.Progress-d.w.runningAfter(), time.Millisecond))
+		return
+	}
+	if err := d.msg.InProgress(); err != nil {
+		d.log().Warn("progress ack failed", "err", err)
+	}
+	c.t.Reset(d.w.cfg.Progress)
+	// Every UsageInterval the heartbeat carries what the attempt uses,
+	// when the executor can read it.
+	var u *job.Usage
+	if now := time.Now(); d.w.cfg.Usage != nil && !now.Before(c.nextUsage) {
+		c.nextUsage = now.Add(d.w.cfg.UsageInterval)
+		u = d.w.cfg.Usage.Of(d.ctx, executor.TenantKey(d.key.Tenant), d.id, d.n)
+	}
+	if u == nil {
+		d.notice(job.EventHeartbeat, nil)
+		return
+	}
+	d.notice(job.EventHeartbeat, func(e *job.Event) { e.Phase, e.Usage = job.PhaseUsage, u })
+}
+
+// recordStartFor bounds one try to store a held-back running version: the
+// attempt runs meanwhile, and a write that does not get through is tried
+// again at the next tick (the version that ends the attempt records its
+// start until then).
+const recordStartFor = 2 * time.Second
+
+// recordStart stores the attempt's running version that begin held back,
+// a compare-and-set against the version the decision to run was made on.
+// Refused, the record moved: a cancel ended the job while it was queued
+// (or, its answer lost, the write was stored after all): the attempt
+// stops, and settles on what was read.
+func (d *delivery) recordStart() {
+	ctx, cancel := context.WithTimeout(d.w.scope.settle, recordStartFor)
+	defer cancel()
+	rec := *d.rec
+	rev, err := d.w.journal.WriteRecord(ctx, &rec, d.rev)
+	switch {
+	case err == nil:
+		d.rev, d.unrecorded = rev, false
+	case errors.Is(err, queue.ErrConflict), errors.Is(err, queue.ErrFinal):
+		cur, curRev, rerr := d.w.journal.Record(ctx, d.key)
+		if rerr != nil {
+			d.log().Warn("the job's record moved before its attempt was recorded as running, and cannot be read", "err", rerr)
+			return
+		}
+		d.rec, d.rev, d.unrecorded = cur, curRev, false
+		mine := cur.State == job.StateRunning && cur.Attempt == d.n && cur.WorkerID == d.w.cfg.ID
+		if !mine {
+			d.log().Info("the job's record moved before its attempt was recorded as running; stopping it", "state", cur.State)
+			d.cancel(executor.ErrCancelled)
+		}
+	default:
+		d.log().Debug("the attempt's running version not stored yet; trying again", "err", err)
+	}
 }
 
 // Log implements Reporter: every line goes to the attempt's archived log

@@ -52,6 +52,11 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 	case doRefuse:
 		return d.refuse(ctx, act.why)
 	case doAck:
+		// A copy of a job that ended: a run's node's end is said again,
+		// should the delivery that ended it have died before it did.
+		if err := d.announce(ctx, d.rec); err != nil {
+			return err
+		}
 		return d.msg.Ack()
 	case doRequeue:
 		if err := d.requeue(ctx, act); err != nil {
@@ -78,10 +83,20 @@ func (d *delivery) carryOut(ctx context.Context, act action) error {
 		}
 		if errors.Is(err, errFinished) {
 			// Another delivery, or a cancel, finished it first: that
-			// result stands.
+			// result stands (and, for a run's node, its end is said).
+			if _, _, _, node := job.ParseRunJobID(d.id); node {
+				if rec, _, err := d.w.journal.Record(ctx, d.key); err == nil {
+					if err := d.announce(ctx, rec); err != nil {
+						return err
+					}
+				}
+			}
 			return d.msg.Ack()
 		}
 		if err != nil {
+			return err
+		}
+		if err := d.announce(ctx, d.rec); err != nil {
 			return err
 		}
 		d.dropData(ctx)
@@ -130,6 +145,15 @@ func clone(r *job.Record) *job.Record {
 	return c
 }
 
+// next starts the record's next version (see clone). While the attempt's
+// running version is held back (unrecorded), d.rec is that version, not
+// stored, and the next one records the attempt's start too.
+func (d *delivery) next() *job.Record {
+	c := clone(d.rec)
+	c.AttemptStarted = d.unrecorded
+	return c
+}
+
 // claim writes the record as change makes it, with compare-and-set against
 // revision rev, the one its decision was made on; queue.ErrConflict, with
 // nothing sent, when this delivery holds a later version than that (the
@@ -140,13 +164,13 @@ func (d *delivery) claim(ctx context.Context, rev uint64, change func(*job.Recor
 	if rev != d.rev {
 		return fmt.Errorf("%w: decided on version %d of the record, which is at %d", queue.ErrConflict, rev, d.rev)
 	}
-	rec := clone(d.rec)
+	rec := d.next()
 	change(rec)
 	rev, err := d.w.journal.WriteRecord(ctx, rec, d.rev)
 	if err != nil {
 		return err
 	}
-	d.rec, d.rev = rec, rev
+	d.rec, d.rev, d.unrecorded = rec, rev, false
 	return nil
 }
 
@@ -154,32 +178,58 @@ func (d *delivery) claim(ctx context.Context, rev uint64, change func(*job.Recor
 // compare-and-set fails if the record changed since it was read (a cancel,
 // a deadline the dispatcher enforced), and then the decision is made
 // again. Then it announces the attempt.
+//
+// With the worker's RunningAfter, the running version of a job's first
+// delivery is made here and held back: the attempt starts at once, and
+// its clock (see clock) stores that version once the attempt has run
+// RunningAfter; an attempt that ends sooner writes no running version,
+// and the version that ends it records its start (AttemptStarted). Its
+// compare-and-set is then the held-back version's: against the version
+// the decision was made on. A delivery after the first records the
+// attempt before it starts, as an adoption does: its first delivery may
+// have died in that moment (a job that kills its worker at once is then
+// counted lost from its second delivery on, up to max_lost).
 func (d *delivery) begin(ctx context.Context, act action) error {
 	now := time.Now()
 	first := false
-	err := d.claim(ctx, act.rev, func(rec *job.Record) {
-		rec.History = append(rec.History, act.lost...)
-		if n := len(act.lost); n > 0 {
-			rec.Failure = act.lost[n-1].Failure
+	if d.w.runningAfter() > 0 && d.delivered == 1 {
+		if act.rev != d.rev {
+			return fmt.Errorf("%w: decided on version %d of the record, which is at %d", queue.ErrConflict, act.rev, d.rev)
 		}
-		rec.Event = job.EventStarted
-		if act.restart {
-			// Watchers learn why the attempt they saw never ended.
-			lost := act.lost[len(act.lost)-1]
-			rec.Message = fmt.Sprintf("%s; attempt %d starts now", lost.Failure.Message, act.attempt)
-		}
-		first = rec.StartedAt == nil
-		rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, act.attempt, d.w.cfg.ID, d.w.cfg.Backend
-		rec.NextAttemptAt, rec.UpdatedAt, rec.AwaitingSince = nil, now, nil
-		if first {
-			rec.StartedAt = &now
-		}
-	})
+		rec := d.next()
+		first = d.running(rec, act, now)
+		d.rec, d.unrecorded = rec, true
+		d.started, d.first = now, first
+		return nil
+	}
+	err := d.claim(ctx, act.rev, func(rec *job.Record) { first = d.running(rec, act, now) })
 	if err != nil {
 		return err
 	}
 	d.started, d.first = now, first
 	return nil
+}
+
+// running makes rec the version that says this worker runs attempt
+// act.attempt since now, and reports whether it is the job's first.
+func (d *delivery) running(rec *job.Record, act action, now time.Time) (first bool) {
+	rec.History = append(rec.History, act.lost...)
+	if n := len(act.lost); n > 0 {
+		rec.Failure = act.lost[n-1].Failure
+	}
+	rec.Event = job.EventStarted
+	if act.restart {
+		// Watchers learn why the attempt they saw never ended.
+		lost := act.lost[len(act.lost)-1]
+		rec.Message = fmt.Sprintf("%s; attempt %d starts now", lost.Failure.Message, act.attempt)
+	}
+	rec.State, rec.Attempt, rec.WorkerID, rec.Backend = job.StateRunning, act.attempt, d.w.cfg.ID, d.w.cfg.Backend
+	rec.NextAttemptAt, rec.UpdatedAt, rec.AwaitingSince = nil, now, nil
+	if rec.StartedAt == nil {
+		rec.StartedAt = &now
+		return true
+	}
+	return false
 }
 
 // takeOver records that this worker follows the attempt a lost worker left
@@ -290,8 +340,10 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 		rec.DeadLettered = dead
 	}
 	var refused error
-	if !dead && w.completer != nil && d.req != nil && !d.req.Persists() && rev == d.rev {
-		rec := clone(d.rec)
+	// (A run's node's final version is written alone: its end is said
+	// once it is stored, before its message is acknowledged.)
+	if !dead && w.completer != nil && d.req != nil && !d.req.Persists() && d.req.RunID == "" && rev == d.rev {
+		rec := d.next()
 		final(rec)
 		acked, refused = w.completer.complete(d, rec, rev)
 	}
@@ -308,6 +360,25 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 	}
 	d.logFinished(res)
 	return dead, acked, nil
+}
+
+// announce says, for a run's node whose job's final version rec is
+// stored, that its job ended, and waits until that is stored too: what
+// takes the nodes after it on (see package runs). Nothing for another
+// job.
+func (d *delivery) announce(ctx context.Context, rec *job.Record) error {
+	e, ok := job.EndOf(rec)
+	if !ok {
+		return nil
+	}
+	p, err := d.w.journal.NodeEnded(d.key.Tenant, e)
+	if err == nil {
+		err = p.Wait(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("say that node %s of run %s ended: %w", e.NodeID, e.RunID, err)
+	}
+	return nil
 }
 
 // logFinished logs the end of the job: at Info when it did not succeed,
@@ -335,7 +406,8 @@ func (d *delivery) requeue(ctx context.Context, act action) error {
 		rec.Event, rec.Message = job.EventQueued, "requeued by worker "+d.w.cfg.ID+": "+act.why
 		rec.Handbacks++
 		if rec.State == job.StateRunning && rec.WorkerID == d.w.cfg.ID && rec.Attempt == d.n {
-			rec.State, rec.Attempt = job.StateQueued, d.n-1
+			// (A start held back did not happen either.)
+			rec.State, rec.Attempt, rec.AttemptStarted = job.StateQueued, d.n-1, false
 			if d.n == 1 {
 				rec.StartedAt = nil
 			}
@@ -407,7 +479,7 @@ func (d *delivery) saveAfter(ctx context.Context, rev uint64, change func(*job.R
 		if err != nil {
 			return err
 		}
-		mine := clone(d.rec)
+		mine := d.next()
 		change(mine)
 		if cur.State.Final() && mine.State.Final() {
 			return errFinished
@@ -421,7 +493,10 @@ func (d *delivery) saveAfter(ctx context.Context, rev uint64, change func(*job.R
 		if cur.CancelRequested && !d.rec.CancelRequested {
 			d.cancel(executor.ErrCancelled)
 		}
-		d.rec, d.rev, rev = cur, curRev, curRev
+		// What was read is stored: with a running version held back, it
+		// is that version, whose write's answer was lost (another
+		// worker's would have superseded this delivery above).
+		d.rec, d.rev, rev, d.unrecorded = cur, curRev, curRev, false
 		if cur.State.Final() {
 			// The dispatcher finished it (a cancel while queued): nothing
 			// is written over a final version.

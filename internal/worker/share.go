@@ -196,8 +196,10 @@ type tenantView struct {
 // and counts what it takes as no longer waiting.
 // view tells of a tenant; probeAfter is how long a queue with nothing
 // known waiting but deliveries not acknowledged is left before a plan
-// pulls one job from it, to find a retry whose time has come.
-func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) tenantView, probeAfter time.Duration, now time.Time) []take {
+// pulls one job from it, to find a retry whose time has come; held, when
+// not 0, is the priority of a queue with jobs that cannot be pulled from
+// yet (see queueSet.held): no queue of a lower priority gets a slot.
+func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) tenantView, probeAfter time.Duration, held int, now time.Time) []take {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	var plan []take
@@ -211,7 +213,8 @@ func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) t
 		}
 		return v
 	}
-	for i := 0; i < len(qs.list) && n > 0; {
+	below := func(q *workQueue) bool { return held != 0 && q.key.Priority > held }
+	for i := 0; i < len(qs.list) && n > 0 && !below(qs.list[i]); {
 		// The queues of one priority: qs.list[i:j].
 		j := i
 		for j < len(qs.list) && qs.list[j].key.Priority == qs.list[i].key.Priority {
@@ -259,7 +262,7 @@ func (qs *queues) plan(n int, policy *job.PoolPolicy, view func(tenant string) t
 		if n == 0 {
 			break
 		}
-		if q.pending.Load() <= 0 && q.unacked.Load() > 0 && now.Sub(q.probed) >= probeAfter && !viewOf(q.key.Tenant).blocked {
+		if q.pending.Load() <= 0 && q.unacked.Load() > 0 && now.Sub(q.probed) >= probeAfter && !below(q) && !viewOf(q.key.Tenant).blocked {
 			q.probed = now
 			plan = append(plan, take{q: q, n: 1, probe: true})
 			n--

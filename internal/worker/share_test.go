@@ -35,16 +35,31 @@ func noLoad(string) tenantView { return tenantView{} }
 
 func TestPlanTakesHigherPrioritiesFirst(t *testing.T) {
 	qs := queuesOf(map[string]int64{"5/a": 100, "1/b": 2, "3/c": 3})
-	got := planned(qs.plan(4, nil, noLoad, time.Second, time.Now()))
+	got := planned(qs.plan(4, nil, noLoad, time.Second, 0, time.Now()))
 	if fmt.Sprint(got) != "map[1/b:2 3/c:2]" {
 		t.Errorf("plan of 4 slots: %v; want b's two priority-1 jobs, then two of c's priority 3", got)
+	}
+}
+
+// A queue of priority 2 being bound (held) keeps every slot from the
+// queues of a lower priority, probes included; the queues of its
+// priority and above are planned as before.
+func TestPlanGivesNothingBelowAQueueBeingBound(t *testing.T) {
+	qs := queuesOf(map[string]int64{"1/a": 1, "2/b": 1, "3/c": 5, "5/d": 0})
+	qs.list[3].unacked.Store(1)
+	if got := planned(qs.plan(4, nil, noLoad, time.Second, 2, time.Now())); fmt.Sprint(got) != "map[1/a:1 2/b:1]" {
+		t.Errorf("4 slots, priority 2 held: %v; want a's and b's jobs only", got)
+	}
+	qs = queuesOf(map[string]int64{"1/a": 1, "2/b": 1, "3/c": 5})
+	if got := planned(qs.plan(4, nil, noLoad, time.Second, 0, time.Now())); got["3/c"] != 2 {
+		t.Errorf("4 slots, nothing held: %v; want two of c's jobs after a's and b's", got)
 	}
 }
 
 func TestPlanSharesByWeightAndLoad(t *testing.T) {
 	qs := queuesOf(map[string]int64{"3/a": 1000, "3/b": 1000})
 	policy := &job.PoolPolicy{Weights: map[string]float64{"a": 1, "b": 3}}
-	if got := planned(qs.plan(4, policy, noLoad, time.Second, time.Now())); got["3/a"] != 1 || got["3/b"] != 3 {
+	if got := planned(qs.plan(4, policy, noLoad, time.Second, 0, time.Now())); got["3/a"] != 1 || got["3/b"] != 3 {
 		t.Errorf("4 free slots, weights 1 and 3: %v", got)
 	}
 	// b already runs 3: the next slot is a's.
@@ -54,7 +69,7 @@ func TestPlanSharesByWeightAndLoad(t *testing.T) {
 		}
 		return tenantView{}
 	}
-	if got := planned(qs.plan(1, policy, busy, time.Second, time.Now())); got["3/a"] != 1 {
+	if got := planned(qs.plan(1, policy, busy, time.Second, 0, time.Now())); got["3/a"] != 1 {
 		t.Errorf("one free slot, b running 3, a none: %v", got)
 	}
 	// Usage counts as load: a that ran a lot yields its weight's share.
@@ -64,7 +79,7 @@ func TestPlanSharesByWeightAndLoad(t *testing.T) {
 		}
 		return tenantView{}
 	}
-	if got := planned(qs.plan(8, nil, used, time.Second, time.Now())); got["3/b"] != 8 {
+	if got := planned(qs.plan(8, nil, used, time.Second, 0, time.Now())); got["3/b"] != 8 {
 		t.Errorf("8 slots, a with 10 slots of past usage, equal weights: %v", got)
 	}
 }
@@ -72,7 +87,7 @@ func TestPlanSharesByWeightAndLoad(t *testing.T) {
 func TestPlanSkipsBlockedTenantsAndProbesForRetries(t *testing.T) {
 	qs := queuesOf(map[string]int64{"3/a": 10, "3/b": 10})
 	blocked := func(t string) tenantView { return tenantView{blocked: t == "a"} }
-	if got := planned(qs.plan(4, nil, blocked, time.Second, time.Now())); got["3/a"] != 0 || got["3/b"] != 4 {
+	if got := planned(qs.plan(4, nil, blocked, time.Second, 0, time.Now())); got["3/a"] != 0 || got["3/b"] != 4 {
 		t.Errorf("a at its quota: %v", got)
 	}
 	// A queue with nothing known waiting, but deliveries not acknowledged
@@ -80,10 +95,10 @@ func TestPlanSkipsBlockedTenantsAndProbesForRetries(t *testing.T) {
 	idle := queuesOf(map[string]int64{"3/c": 0})
 	idle.list[0].unacked.Store(1)
 	now := time.Now()
-	if got := planned(idle.plan(4, nil, noLoad, time.Second, now)); got["3/c"] != 1 {
+	if got := planned(idle.plan(4, nil, noLoad, time.Second, 0, now)); got["3/c"] != 1 {
 		t.Errorf("probe: %v", got)
 	}
-	if got := planned(idle.plan(4, nil, noLoad, time.Second, now.Add(500*time.Millisecond))); len(got) != 0 {
+	if got := planned(idle.plan(4, nil, noLoad, time.Second, 0, now.Add(500*time.Millisecond))); len(got) != 0 {
 		t.Errorf("probed again within probeAfter: %v", got)
 	}
 }

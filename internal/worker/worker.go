@@ -37,6 +37,10 @@ const (
 	// paused.
 	DefaultPausePoll    = time.Second
 	DefaultMaxLogEvents = 1000
+	// DefaultRunningAfter is the worker command's --running-after: an
+	// attempt is recorded as running once it has run this long (see
+	// Config.RunningAfter).
+	DefaultRunningAfter = 20 * time.Millisecond
 	// DefaultDrainTimeout is how long a stopping worker lets running
 	// attempts finish before it hands their jobs back.
 	DefaultDrainTimeout = time.Minute
@@ -68,6 +72,14 @@ type Config struct {
 	// Progress is how often a running attempt tells JetStream it is alive
 	// and publishes a heartbeat event. Defaults to a third of the ack wait.
 	Progress time.Duration
+	// RunningAfter is how long an attempt runs before the worker records
+	// it as running: one that ends sooner writes no running version, and
+	// the version that ends it records its start too (a no-op job costs
+	// two writes, not three). 0, the default, records every attempt as
+	// running before it starts, and so does an executor.Adopter, whose
+	// attempts outlive the worker whatever this says: another worker
+	// adopts an attempt by its running version.
+	RunningAfter time.Duration
 	// MaxLogEvents bounds the log events of one attempt. Defaults to
 	// DefaultMaxLogEvents (1000).
 	MaxLogEvents int
@@ -176,6 +188,9 @@ func (c Config) validate() error {
 	}
 	if c.ID == "" || len(c.ID) > 128 {
 		return errors.New("worker id must be 1 to 128 characters")
+	}
+	if c.RunningAfter < 0 || c.RunningAfter >= c.Progress {
+		return fmt.Errorf("running-after %s must be from 0 to less than the progress interval %s", c.RunningAfter, c.Progress)
 	}
 	if c.Progress >= c.Queue.AckWait {
 		return fmt.Errorf("progress interval %s must be shorter than the ack wait %s", c.Progress, c.Queue.AckWait)
@@ -377,6 +392,16 @@ func (w *Worker) recover(ctx context.Context) error {
 
 // Running returns how many attempts are running.
 func (w *Worker) Running() int { return w.runs.len() }
+
+// runningAfter is how long an attempt runs before it is recorded as
+// running (see Config.RunningAfter): 0, before it starts, for an
+// executor whose attempts outlive the worker.
+func (w *Worker) runningAfter() time.Duration {
+	if _, ok := w.exec.(executor.Adopter); ok {
+		return 0
+	}
+	return max(w.cfg.RunningAfter, 0)
+}
 
 // holdings returns what the attempts running here hold, by tenant.
 func (w *Worker) holdings() map[string]capacity.Holding { return w.runs.holdings() }
