@@ -74,6 +74,7 @@ type flags struct {
 	archiveLogs  bool
 	maxInputRef  int64
 	pprof        bool
+	runningAfter time.Duration
 	redis        cli.RedisFlags
 	heartbeat    time.Duration
 	cpu, memory  string
@@ -117,6 +118,7 @@ func run(args []string) error {
 	fs.StringVar(&f.dataDir, "data-dir", "./data", "folder of the attempts' workspaces")
 	fs.DurationVar(&f.ackWait, "ack-wait", queue.DefaultAckWait, "the pool consumer's ack wait: how long a silent worker keeps a job")
 	fs.DurationVar(&f.grace, "grace", executor.DefaultGrace, "time between SIGTERM and SIGKILL when an attempt is stopped")
+	fs.DurationVar(&f.runningAfter, "running-after", worker.DefaultRunningAfter, "record an attempt as running once it has run this long; one that ends sooner goes from queued to its end in one write (0: before it starts; docker and kubernetes attempts, which outlive their worker, always are)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", worker.DefaultDrainTimeout, "on shutdown, how long running attempts may finish before they are handed back")
 	fs.BoolVar(&f.keepFailed, "keep-failed", false, "keep the workspace (or container) of attempts that did not succeed")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "address serving /metrics, /healthz and /readyz (off when empty)")
@@ -222,9 +224,9 @@ func run(args []string) error {
 	}
 	cfg := worker.Config{
 		ID: f.id, Pool: f.pool, Slots: f.slots, Backend: f.executor,
-		Queue:     queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
-		Limits:    job.Limits{MaxInputRefBytes: f.maxInputRef},
-		Handoff:   f.handoff,
+		Queue:   queue.Config{Names: queue.Names{Prefix: f.prefix}, AckWait: f.ackWait},
+		Limits:  job.Limits{MaxInputRefBytes: f.maxInputRef},
+		Handoff: f.handoff, RunningAfter: f.runningAfter,
 		AdoptWait: f.adoptWait, Usage: usage, DataRetention: f.dataRetention,
 		Logger: log,
 	}.WithDefaults()

@@ -27,6 +27,11 @@ func (d *Dispatcher) Cancel(ctx context.Context, tenant, id string) (*job.Cancel
 		r := &job.CancelReply{JobID: id, State: rec.State}
 		switch {
 		case rec.State.Final() || rec.State == job.StateRejected:
+			// A run's node's end is written again: the dispatcher that
+			// ended it may have died before it wrote it.
+			if err := d.nodeEnded(ctx, rec); err != nil {
+				return nil, err
+			}
 			r.Message = fmt.Sprintf("nothing to cancel: the job already ended (%s)", rec.State)
 			return r, nil
 		case rec.CancelRequested:
@@ -56,6 +61,10 @@ func (d *Dispatcher) Cancel(ctx context.Context, tenant, id string) (*job.Cancel
 		// queue a moment ago.
 		if err := d.nc.Publish(d.names.Stop(rec.Pool, tenant, id), nil); err != nil {
 			return nil, fmt.Errorf("publish cancel: %w", err)
+		}
+		// A run's node ended here takes the nodes after it on.
+		if err := d.nodeEnded(ctx, next); err != nil {
+			return nil, err
 		}
 		r.Cancelled, r.State = true, next.State
 		if running {

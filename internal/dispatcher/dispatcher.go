@@ -28,6 +28,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/runs"
 	"github.com/fleet-dev/fleet/internal/scheduler"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -65,6 +66,12 @@ type Config struct {
 	// keeps their lease without renewing it: when it dies, another fires
 	// them within this and a second. Defaults to DefaultScheduleLease (3s).
 	ScheduleLease time.Duration
+	// MaxRunNodes bounds the nodes of one run. Defaults to
+	// job.DefaultMaxRunNodes.
+	MaxRunNodes int
+	// RunsPinnedTTL is how long the runs wait when the dispatcher that
+	// releases their nodes dies. Defaults to runs.DefaultPinnedTTL.
+	RunsPinnedTTL time.Duration
 	// Now is the schedules' clock. Defaults to time.Now; tests move it.
 	Now func() time.Time
 	// Logger defaults to slog.Default().
@@ -84,6 +91,8 @@ func (c Config) WithDefaults() Config {
 	c.Limits = c.Limits.WithDefaults()
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 	c.ScheduleLease = cmp.Or(c.ScheduleLease, DefaultScheduleLease)
+	c.MaxRunNodes = cmp.Or(c.MaxRunNodes, job.DefaultMaxRunNodes)
+	c.RunsPinnedTTL = cmp.Or(c.RunsPinnedTTL, runs.DefaultPinnedTTL)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -151,11 +160,14 @@ type Dispatcher struct {
 	// dispatcher holds their lease.
 	schedules jetstream.KeyValue
 	sched     *scheduler.Scheduler
-	intakes   []jetstream.MessagesContext
+	// runs is the runs' stream; releaser queues their nodes.
+	runs     *queue.Runs
+	releaser *runs.Releaser
+	intakes  []jetstream.MessagesContext
 	// inFlight counts the submissions and requests being processed, which
 	// Stop waits for.
 	inFlight sync.WaitGroup
-	sema     chan struct{}
+	runners  *runners
 	ready    chan struct{}
 }
 
@@ -171,10 +183,10 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{
 		cfg: cfg, nc: nc, js: js, names: cfg.Queue.Names,
-		log:   cfg.Logger.With("component", "dispatcher"),
-		sema:  make(chan struct{}, cfg.InFlight),
-		ready: make(chan struct{}),
-		lag:   &lag{pending: map[string]uint64{}, inFlight: map[string]int{}},
+		log:     cfg.Logger.With("component", "dispatcher"),
+		runners: newRunners(cfg.InFlight),
+		ready:   make(chan struct{}),
+		lag:     &lag{pending: map[string]uint64{}, inFlight: map[string]int{}},
 	}
 	// Inputs by reference are checked against the object store first.
 	d.cfg.Admission = inputCheck{s: artifact.New(js, artifact.Config{Names: cfg.Queue.Names}),
@@ -218,6 +230,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return err
 	}
 	d.jobs = queue.NewJobs(d.js, d.names).WithLogger(d.log)
+	d.runs = queue.NewRuns(d.js, d.names)
 	sealer, err := queue.OpenSealer(ctx, d.js, d.names, true, d.log)
 	if err != nil {
 		return err
@@ -244,7 +257,19 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	// Submissions that wait for their answer are answered by one
 	// dispatcher of the group, at once: nothing is stored before the job.
 	directs := make(chan *nats.Msg, directBuffer)
+	// (A submission taken at once lives until it is answered, within
+	// submitDeadline, past Stop: Stop waits for it.)
+	live := context.WithoutCancel(ctx)
 	onDirect := func(m *nats.Msg) {
+		// A runner free takes it at once; else it waits its turn.
+		d.inFlight.Add(1)
+		if d.runners.try(func() {
+			defer d.inFlight.Done()
+			d.answerDirect(live, m)
+		}) {
+			return
+		}
+		d.inFlight.Done()
 		select {
 		case directs <- m:
 		default:
@@ -262,6 +287,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.names.AllUploadsRequests():   d.onRequest,
 		d.names.AllPools():             d.onPool,
 		d.names.AllScheduleRequests():  d.onSchedule,
+		d.names.AllRunRequests():       d.onRunRequest,
 	}
 	if d.cfg.Queue.V1 {
 		if err := d.startV1(ctx, subscribe, onDirect); err != nil {
@@ -302,6 +328,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.sched = scheduler.New(scheduler.Config{Dispatcher: schedulerSide{d}, Bucket: d.schedules, JetStream: d.js,
 		Self: d.peers.self, Lease: d.cfg.ScheduleLease, Limits: d.cfg.Limits, Now: d.cfg.Now, Logger: d.cfg.Logger})
 	services = append(services, service{"the scheduler", d.sched})
+	d.releaser = runs.New(d.js, runsSide{d}, runs.Config{Queue: d.cfg.Queue, Sealer: d.sealer, Logger: d.cfg.Logger,
+		PinnedTTL: d.cfg.RunsPinnedTTL})
+	services = append(services, service{"the releaser of runs' nodes", d.releaser})
 	if d.cfg.Queue.V1 {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
 	}
@@ -362,7 +391,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	}
 	err := d.background.Stop(ctx)
 	done := make(chan struct{})
-	go func() { d.inFlight.Wait(); close(done) }()
+	go func() { d.inFlight.Wait(); d.runners.close(); close(done) }()
 	select {
 	case <-done:
 		return err
@@ -413,17 +442,14 @@ func (d *Dispatcher) consume(ctx context.Context, intake jetstream.MessagesConte
 			continue
 		}
 		wait.Reset()
-		select {
-		case d.sema <- struct{}{}:
-		case <-ctx.Done():
+		d.inFlight.Add(1)
+		if !d.runners.run(ctx, func() {
+			defer d.inFlight.Done()
+			d.intakeOne(ctx, msg)
+		}) {
+			d.inFlight.Done()
 			return nil
 		}
-		d.inFlight.Add(1)
-		go func() {
-			defer d.inFlight.Done()
-			defer func() { <-d.sema }()
-			d.intakeOne(ctx, msg)
-		}()
 	}
 }
 
@@ -462,17 +488,14 @@ func (d *Dispatcher) serveDirect(ctx context.Context, msgs <-chan *nats.Msg) err
 		case <-ctx.Done():
 			return nil
 		}
-		select {
-		case d.sema <- struct{}{}:
-		case <-ctx.Done():
+		d.inFlight.Add(1)
+		if !d.runners.run(ctx, func() {
+			defer d.inFlight.Done()
+			d.answerDirect(ctx, m)
+		}) {
+			d.inFlight.Done()
 			return nil
 		}
-		d.inFlight.Add(1)
-		go func() {
-			defer d.inFlight.Done()
-			defer func() { <-d.sema }()
-			d.answerDirect(ctx, m)
-		}()
 	}
 }
 
@@ -526,6 +549,7 @@ func (d *Dispatcher) busy(m *nats.Msg) {
 
 type metrics struct {
 	submitted metric.Int64Counter
+	runs      metric.Int64Counter
 	rejected  metric.Int64Counter
 	latency   metric.Float64Histogram
 	// leaderMoves counts the leaders of streams the balancer moved.
@@ -548,6 +572,7 @@ func newMetrics(m metric.Meter) metrics {
 	})}
 	x.submitted, _ = m.Int64Counter("fleet.dispatcher.jobs.submitted", metric.WithDescription("Requests accepted as jobs, by pool"))
 	x.rejected, _ = m.Int64Counter("fleet.dispatcher.jobs.rejected", metric.WithDescription("Requests rejected, by reason"))
+	x.runs, _ = m.Int64Counter("fleet.dispatcher.runs.submitted", metric.WithDescription("Runs accepted"))
 	x.latency, _ = m.Float64Histogram("fleet.dispatcher.submit.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to validate, record and publish one submission"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))

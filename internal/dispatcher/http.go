@@ -27,6 +27,7 @@ import (
 //	GET  /v1/jobs/{id}/outputs/{name}   a declared output (see serveArtifacts)
 //	GET  /v1/jobs/{id}/logs     an attempt's log
 //	/v1/schedules...            schedules (see serveSchedules)
+//	/v1/runs...                 runs, graphs of jobs (see serveRuns)
 //	GET  /healthz               the process is up
 //	GET  /readyz                the dispatcher can take submissions
 //
@@ -52,6 +53,7 @@ func NewAPI(d *Dispatcher) *API {
 	a.mux.HandleFunc("POST /v1/pools/{pool}/policy", a.setPolicy)
 	a.serveArtifacts()
 	a.serveSchedules()
+	a.serveRuns()
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -114,6 +114,10 @@ func (d *Dispatcher) accept(ctx context.Context, tenant string, data []byte, at 
 	if err == nil {
 		err = req.Validate(d.cfg.Limits)
 	}
+	if err == nil && !job.ValidSubmittedID(req.ID) && req.ID != "" {
+		// (Valid otherwise: the id of a run's node.)
+		err = fmt.Errorf("id %q: an id with a colon is a run's node's job, which the fleet queues from its run: submit the run on runs.submit, or give the job another id", req.ID)
+	}
 	if err != nil {
 		return d.reject(ctx, tenant, lenientID(data), lenientPool(data), err)
 	}
@@ -161,7 +165,7 @@ func (d *Dispatcher) admitted(ctx context.Context, tenant string, req *job.Reque
 	submitted := *req
 	req.Normalize()
 	var warning string
-	if d.cfg.Admission != nil {
+	if d.cfg.Admission != nil && !admissionSkipped(ctx) {
 		w, err := d.cfg.Admission.Admit(withTenant(ctx, tenant), req)
 		if err != nil {
 			var te errTransient
@@ -315,7 +319,7 @@ func lenientID(data []byte) string {
 	if json.Unmarshal(data, &v) != nil {
 		return ""
 	}
-	if s, ok := v.ID.(string); ok && job.ValidID(s) {
+	if s, ok := v.ID.(string); ok && job.ValidSubmittedID(s) {
 		return s
 	}
 	return ""
