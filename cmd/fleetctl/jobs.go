@@ -240,40 +240,53 @@ func finalExit(final *job.Event) error {
 
 func printEvent(w io.Writer, ev *job.Event) {
 	t := ev.Time.Local().Format("15:04:05.000")
+	if ev.Type == job.EventLog {
+		line := fmt.Sprintf("%s  %-15s %s", t, "log "+ev.Stream, ev.Line)
+		if ev.Message != "" {
+			line += fmt.Sprintf("\n%s  %-15s (%s)", t, "", ev.Message)
+		}
+		fmt.Fprintln(w, line)
+		return
+	}
+	fmt.Fprintf(w, "%s  %s\n", t, eventText(ev))
+}
+
+// eventText says what a lifecycle event other than a log line says: its
+// type, and what came with it.
+func eventText(ev *job.Event) string {
 	var b strings.Builder
 	switch ev.Type {
-	case job.EventLog:
-		fmt.Fprintf(&b, "%s  %-15s %s", t, "log "+ev.Stream, ev.Line)
-		if ev.Message != "" {
-			fmt.Fprintf(&b, "\n%s  %-15s (%s)", t, "", ev.Message)
-		}
-		fmt.Fprintln(w, b.String())
-		return
 	case job.EventQueued:
-		fmt.Fprintf(&b, "%s  %-15s pool %s", t, ev.Type, ev.Pool)
+		fmt.Fprintf(&b, "%-15s pool %s", ev.Type, ev.Pool)
 	case job.EventStarted:
-		fmt.Fprintf(&b, "%s  %-15s attempt %d on %s (%s)", t, ev.Type, ev.Attempt, ev.WorkerID, ev.Backend)
+		fmt.Fprintf(&b, "%-15s attempt %d on %s (%s)", ev.Type, ev.Attempt, ev.WorkerID, ev.Backend)
 	case job.EventHeartbeat:
-		fmt.Fprintf(&b, "%s  %-15s attempt %d", t, ev.Type, ev.Attempt)
+		fmt.Fprintf(&b, "%-15s attempt %d", ev.Type, ev.Attempt)
 		if ev.Phase != "" {
 			fmt.Fprintf(&b, " %s", ev.Phase)
 		}
 	default:
-		fmt.Fprintf(&b, "%s  %-15s", t, ev.Type)
+		fmt.Fprintf(&b, "%-15s", ev.Type)
+		// A job that ends before an attempt (cancelled while queued, a
+		// run's node its rule did not let run) has a failure only.
+		var parts []string
 		if ev.Attempt > 0 {
-			fmt.Fprintf(&b, " attempt %d", ev.Attempt)
+			parts = append(parts, fmt.Sprintf("attempt %d", ev.Attempt))
 		}
 		if ev.ExitCode != nil {
-			fmt.Fprintf(&b, ", exit %d", *ev.ExitCode)
+			parts = append(parts, fmt.Sprintf("exit %d", *ev.ExitCode))
 		}
 		if ev.Failure != nil {
-			fmt.Fprintf(&b, ", %s/%s", ev.Failure.Class, ev.Failure.Code)
+			parts = append(parts, fmt.Sprintf("%s/%s", ev.Failure.Class, ev.Failure.Code))
+		}
+		if len(parts) > 0 {
+			b.WriteString(" " + strings.Join(parts, ", "))
 		}
 	}
 	if ev.Message != "" {
 		fmt.Fprintf(&b, ": %s", ev.Message)
 	}
-	fmt.Fprintln(w, b.String())
+	return b.String()
 }
 
 func printResult(w io.Writer, r *job.Result) {

@@ -4,10 +4,12 @@
 //	fleetctl submit -f job.json [--input NAME=@FILE] [--wait] [-o json]
 //	fleetctl status ID | watch ID | cancel ID
 //	fleetctl upload FILE [--name N] | output ID NAME [-o FILE] | logs ID [--attempt N] [--follow]
+//	fleetctl run submit -f run.json [--wait] | run show|watch|cancel|retry RUN | run list
 //
-// Exit codes, for scripts: 0 success; 1 the job ended without succeeding
-// (failed, timed out, cancelled); 2 bad usage or a rejected request; 3 no
-// such job; 4 the fleet could not be reached or answered with an error.
+// Exit codes, for scripts: 0 success; 1 the job (or the run) ended
+// without succeeding (failed, timed out, cancelled); 2 bad usage or a
+// rejected request; 3 no such job (or run); 4 the fleet could not be
+// reached or answered with an error.
 package main
 
 import (
