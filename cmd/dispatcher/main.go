@@ -240,6 +240,7 @@ func run(args []string) error {
 	if f.console {
 		ccfg := console.Config{JS: d.JetStream(), Queue: cfg.Queue, Capacity: caps, History: d.History, Status: d.Status,
 			Cancel: d.Cancel, Retry: d.RetryDeadLetter, Lag: d.Lag, Schedules: d.AllSchedules, PauseSchedule: d.PauseSchedule, Pools: d.AllPools,
+			RunStatus: d.RunStatus, ListRuns: d.ListRuns, CancelRun: d.CancelRun, RetryRun: d.RetryRun,
 			AnyHost: f.insecure, ReadOnly: f.readOnly, TraceURL: f.traceURL, HeartbeatInterval: f.heartbeat,
 			Version: version.Version, Logger: log}
 		if auth != nil {

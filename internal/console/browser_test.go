@@ -62,6 +62,7 @@ func startSite(t *testing.T, o siteOptions) *site {
 	lag := d.Lag
 	cfg := console.Config{JS: d.JetStream(), Queue: s.f.Queue, History: d.History, Status: d.Status, Cancel: d.Cancel,
 		Retry: d.RetryDeadLetter, Lag: lag, ReadOnly: o.readOnly, PauseSchedule: d.PauseSchedule, Pools: d.AllPools,
+		RunStatus: d.RunStatus, ListRuns: d.ListRuns, CancelRun: d.CancelRun, RetryRun: d.RetryRun,
 		TraceURL: o.traceURL, HeartbeatInterval: o.interval, WorkersEvery: 200 * time.Millisecond, Version: "test",
 		Logger: fleettest.Logger(t)}
 	cfg.Schedules = func(ctx context.Context) (*job.ScheduleList, error) {
@@ -294,7 +295,7 @@ func (b *browser) open(t *testing.T, url string) {
 // page reported.
 func (b *browser) visitAll(t *testing.T, s *site, jobPath string) {
 	t.Helper()
-	pages := []string{"/ui/", "/ui/jobs", "/ui/workers", "/ui/dlq", "/ui/schedules"}
+	pages := []string{"/ui/", "/ui/jobs", "/ui/runs", "/ui/workers", "/ui/dlq", "/ui/schedules"}
 	if jobPath != "" {
 		pages = append(pages, jobPath)
 	}
@@ -478,7 +479,7 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 		return resp
 	}
 	page := jobPage("default", "default", id)
-	for _, p := range []string{"/ui/", "/ui/jobs", page, "/ui/workers", "/ui/dlq", "/ui/jobs?state=queued"} {
+	for _, p := range []string{"/ui/", "/ui/jobs", page, "/ui/workers", "/ui/dlq", "/ui/jobs?state=queued", "/ui/runs"} {
 		if r := do("GET", p, "", nil); r.StatusCode != http.StatusSeeOther || !strings.HasPrefix(r.Header.Get("Location"), "/ui/login") {
 			t.Errorf("GET %s without a token: %d to %q, want 303 to the login", p, r.StatusCode, r.Header.Get("Location"))
 		}
@@ -498,7 +499,8 @@ func TestConsoleRefusesWithoutAToken(t *testing.T) {
 	if r := do("GET", "/ui/jobs/"+id, token, nil); r.StatusCode != http.StatusSeeOther || r.Header.Get("Location") != page {
 		t.Errorf("GET /ui/jobs/%s with the token: %d to %q, want 303 to %s", id, r.StatusCode, r.Header.Get("Location"), page)
 	}
-	for _, p := range []string{page + "/cancel", page + "/retry", "/ui/dlq/retry"} {
+	for _, p := range []string{page + "/cancel", page + "/retry", "/ui/dlq/retry", "/ui/runs/default/some-run/cancel",
+		"/ui/runs/default/some-run/retry"} {
 		if r := do("POST", p, "", url.Values{"job": {id}}); r.StatusCode != http.StatusUnauthorized {
 			t.Errorf("POST %s without a token: %d", p, r.StatusCode)
 		}

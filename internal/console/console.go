@@ -10,7 +10,10 @@
 // the number of open consoles; and the dead letters, followed on their
 // stream. A job's page reads the job's history through the dispatcher when
 // it opens, then follows the job's subjects. The schedules are read
-// through the dispatcher, at most once a second while pages show them.
+// through the dispatcher, at most once a second while pages show them. A
+// run is read through the dispatcher when a page first shows it, and
+// again when a message changes its round or state; its nodes' states come
+// from the index (see runs.go).
 //
 // Pages, templates and assets are embedded in the binary. Pages carry no
 // inline script and a strict Content-Security-Policy; every action is a
@@ -66,6 +69,18 @@ type Config struct {
 	// PauseSchedule pauses, or with paused false resumes, a tenant's
 	// schedule (the dispatcher's PauseSchedule).
 	PauseSchedule func(ctx context.Context, tenant, name string, paused bool) (*job.ScheduleInfo, error)
+	// RunStatus returns a tenant's run as it stands (the dispatcher's
+	// RunStatus), for the runs pages. Optional: without it, or without
+	// ListRuns, the runs page says runs are off.
+	RunStatus func(ctx context.Context, tenant, id string) (*job.RunView, error)
+	// ListRuns lists a tenant's runs, oldest first (the dispatcher's
+	// ListRuns), for the runs page. Optional.
+	ListRuns func(ctx context.Context, tenant string) (*job.RunList, error)
+	// CancelRun cancels a tenant's run (the dispatcher's CancelRun), and
+	// RetryRun starts its next round (the dispatcher's RetryRun).
+	// Optional: without them a run's page offers neither.
+	CancelRun func(ctx context.Context, tenant, id string) (*job.RunReply, error)
+	RetryRun  func(ctx context.Context, tenant, id string) (*job.RunReply, error)
 	// Lag returns each pool's consumer lag. Optional.
 	Lag func() map[string]queue.Lag
 	// Auth decides who may use the console; nil leaves it open, which the
@@ -101,6 +116,7 @@ type Console struct {
 	dead  *deadLetters
 	sched *snapshot[*job.ScheduleList]
 	pools *snapshot[[]*job.PoolState]
+	runs  *runBook
 	mux   *http.ServeMux
 	pages *pages
 	m     consoleMetrics
@@ -139,6 +155,7 @@ func New(cfg Config) (*Console, error) {
 	c.dead = &deadLetters{max: 5000}
 	c.sched = &snapshot[*job.ScheduleList]{what: "the schedules", read: cfg.Schedules}
 	c.pools = &snapshot[[]*job.PoolState]{what: "the pools", read: cfg.Pools}
+	c.runs = newRunBook(cfg)
 	c.m = newConsoleMetrics(c)
 	c.routes()
 	return c, nil
@@ -147,9 +164,9 @@ func New(cfg Config) (*Console, error) {
 // Index returns the console's index of jobs.
 func (c *Console) Index() *Index { return c.index }
 
-// Start starts following the pools' streams, the workers and the dead
-// letters. It does not wait for the index to be complete: pages say so
-// until it is.
+// Start starts following the pools' streams, the workers, the dead
+// letters and the messages that change runs. It does not wait for the
+// index to be complete: pages say so until it is.
 func (c *Console) Start(ctx context.Context) error {
 	feeds := []struct {
 		name string
@@ -161,6 +178,10 @@ func (c *Console) Start(ctx context.Context) error {
 		{"the index's sweep", &lifecycle.Every{Interval: time.Minute, Fn: func(context.Context) { c.index.Sweep(time.Now()) }, Later: true}},
 		{"the workers' feed", c.work.service()},
 		{"the dead letters' feed", loop(c.followDeadLetters)},
+		{"the runs' feed", lifecycle.Func{
+			StartFunc: func(context.Context) error { return c.runs.follow(c.cfg.JS.Conn(), c.names) },
+			StopFunc:  func(context.Context) error { c.runs.stop(); return nil },
+		}},
 	}
 	for _, f := range feeds {
 		if err := c.background.Start(ctx, f.name, f.svc); err != nil {

@@ -50,12 +50,16 @@ func (c *Console) routes() {
 	m.Handle("GET /ui/dlq", c.page("dlq", "Dead letters", c.dlqPage))
 	m.Handle("GET /ui/schedules", c.page("schedules", "Schedules", c.schedulesPage))
 	m.Handle("GET /ui/pools", c.page("pools", "Pools", c.poolsPage))
+	m.Handle("GET /ui/runs", c.page("runs", "Runs", c.runsPage))
+	m.Handle("GET /ui/runs/{tenant}/{id}", c.page("run", "Run", c.runPage))
 	m.Handle("GET /ui/stream", c.guard(c.stream))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/cancel", c.action(c.cancel))
 	m.Handle("POST /ui/jobs/{tenant}/{pool}/{id}/retry", c.action(c.retryOne))
 	m.Handle("POST /ui/dlq/retry", c.action(c.retryMany))
 	m.Handle("POST /ui/schedules/{tenant}/{name}/pause", c.action(c.pauseSchedule))
 	m.Handle("POST /ui/schedules/{tenant}/{name}/resume", c.action(c.resumeSchedule))
+	m.Handle("POST /ui/runs/{tenant}/{id}/cancel", c.action(c.cancelRun))
+	m.Handle("POST /ui/runs/{tenant}/{id}/retry", c.action(c.retryRun))
 	c.mux = m
 }
 
@@ -95,9 +99,13 @@ func (c *Console) page(name, title string, build builder) http.Handler {
 		q := r.URL.Query()
 		q.Del("notice")
 		q.Set("page", name)
-		if name == "job" {
+		switch name {
+		case "job":
 			q.Set("tenant", r.PathValue("tenant"))
 			q.Set("pool", r.PathValue("pool"))
+			q.Set("id", r.PathValue("id"))
+		case "run":
+			q.Set("tenant", r.PathValue("tenant"))
 			q.Set("id", r.PathValue("id"))
 		}
 		vw.Stream = "/ui/stream?" + q.Encode()

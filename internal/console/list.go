@@ -337,3 +337,28 @@ func (ix *Index) Tenants() []string {
 }
 
 func sortStrings(s []string) { slices.Sort(s) }
+
+// jobState is what a run's page needs of a job the index holds.
+type jobState struct {
+	state job.State
+	code  job.FailureCode // its failure's, once it ended without succeeding
+	ok    bool            // the index holds the job
+}
+
+// states returns the state of each job of keys, under one lock.
+func (ix *Index) states(keys []queue.JobKey) []jobState {
+	out := make([]jobState, len(keys))
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	for i, k := range keys {
+		e := ix.byKey[k]
+		if e == nil {
+			continue
+		}
+		out[i] = jobState{state: e.state, ok: true}
+		if e.failure != nil && e.state.Final() && e.state != job.StateSucceeded {
+			out[i].code = e.failure.Code
+		}
+	}
+	return out
+}

@@ -116,3 +116,91 @@ func TestJobsPageWith100kJobs(t *testing.T) {
 		}
 	}
 }
+
+// bigRun is a run of layers × width nodes, each after two of the layer
+// before it, in a console whose index holds its nodes' jobs as a run
+// part way through would: the first three fifths of its layers ended (one
+// node in 50 failed), the next layer running, the rest waiting.
+func bigRun(tb testing.TB, layers, width int) (*Console, *fakeRuns) {
+	tb.Helper()
+	fr := newFakeRuns()
+	v := &job.RunView{RunID: "big", Tenant: job.DefaultTenant, State: job.RunRunning, Round: 1, SubmittedAt: time.Now(),
+		Nodes: make([]job.NodeView, 0, layers*width)}
+	for x := range layers {
+		for y := range width {
+			nd := job.NodeView{ID: fmt.Sprintf("n%03d-%03d", x, y), Pool: "default", State: job.NodeWaiting, Round: 1}
+			nd.JobID = job.RunJobID(v.RunID, nd.ID, 1)
+			if x > 0 {
+				nd.After = []string{fmt.Sprintf("n%03d-%03d", x-1, y), fmt.Sprintf("n%03d-%03d", x-1, (y*7+3)%width)}
+			}
+			v.Nodes = append(v.Nodes, nd)
+		}
+	}
+	fr.add(v)
+	c := runsConsole(tb, fr, false)
+	seq := uint64(0)
+	now := time.Now()
+	for i, nd := range v.Nodes {
+		x := i / width
+		rec := &job.Record{ID: nd.JobID, Pool: "default", SubmittedAt: now, UpdatedAt: now}
+		switch {
+		case x < layers*3/5 && i%50 == 7:
+			rec.State, rec.Failure = job.StateFailed, &job.Failure{Class: job.ClassExecution, Code: job.CodeExitCode}
+		case x < layers*3/5:
+			rec.State = job.StateSucceeded
+		case x == layers*3/5:
+			rec.State = job.StateRunning
+		default:
+			continue
+		}
+		seq++
+		put(tb, c.index, rec, seq)
+	}
+	return c, fr
+}
+
+// BenchmarkRunPage serves a run's page, whole (layout, graph and counts),
+// as each update of an open page draws it: the run read once, its
+// nodes' states from the index. A run of 10,000 nodes (100 layers of 100,
+// 19,800 edges) is drawn by layers; one of 300 (10 of 30), the most drawn
+// one box a node. The target is well under 100 ms a page. The layout,
+// made once a run, is measured alone.
+func BenchmarkRunPage(b *testing.B) {
+	for _, bc := range []struct {
+		name          string
+		layers, width int
+	}{{"10k-nodes", 100, 100}, {"300-nodes", 10, 30}} {
+		c, fr := bigRun(b, bc.layers, bc.width)
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				get(b, c, "/ui/runs/default/big")
+			}
+		})
+		nodes := fr.views["default/big"].Nodes
+		b.Run(bc.name+"-layout", func(b *testing.B) {
+			for b.Loop() {
+				layOut(nodes)
+			}
+		})
+	}
+}
+
+// TestRunPageWith10kNodes checks the benchmark's page: drawn by layers,
+// with its nodes counted as the index holds their jobs, of a size a
+// browser takes at once.
+func TestRunPageWith10kNodes(t *testing.T) {
+	c, _ := bigRun(t, 100, 100)
+	start := time.Now()
+	page := get(t, c, "/ui/runs/default/big")
+	took := time.Since(start)
+	t.Logf("the page of a run of 10,000 nodes in %s (%d bytes)", took, len(page))
+	for _, s := range []string{`id="summarised"`, `data-count="succeeded">5880 succeeded`, `data-count="failed">120 failed`,
+		`data-count="running">100 running`, `data-count="waiting">3900 waiting`, `<g class="band" data-band="49" data-first="98" data-last="99" data-nodes="200">`} {
+		if !strings.Contains(page, s) {
+			t.Errorf("the page has no %s", s)
+		}
+	}
+	if len(page) > 250_000 {
+		t.Errorf("the page of a run of 10,000 nodes is %d bytes", len(page))
+	}
+}

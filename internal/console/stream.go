@@ -56,6 +56,51 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 	case "pools":
 		build = c.poolsPage
 		changed = c.pools.changed
+	case "runs", "run":
+		// What the page shows is worked out to tell whether it changed,
+		// and drawn from that if it did: one read a step.
+		var last any
+		var lastErr error
+		read := func(ctx context.Context) (any, uint64, error) {
+			if name == "runs" {
+				d, err := c.runsData(ctx, q)
+				if err != nil {
+					return nil, 0, err
+				}
+				return d, d.sum, nil
+			}
+			d, err := c.runData(ctx, q.Get("tenant"), q.Get("id"))
+			if err != nil {
+				return nil, 0, err
+			}
+			return d, d.sum, nil
+		}
+		// A run that cannot be shown is refused now, as its page was.
+		if _, _, err := read(ctx); err != nil {
+			c.fail(w, err)
+			return
+		}
+		var failures uint64
+		changed = func() uint64 {
+			var sum uint64
+			last, sum, lastErr = read(ctx)
+			if lastErr != nil {
+				failures++ // the build reports it
+				return failures
+			}
+			return sum
+		}
+		build = func(_ context.Context, _ *http.Request, vw *view) error {
+			if lastErr != nil {
+				return lastErr
+			}
+			if d, ok := last.(*runData); ok {
+				c.fillRun(d, vw)
+				return nil
+			}
+			vw.Data = last
+			return nil
+		}
 	case "job":
 		k, err := jobKey(q.Get)
 		if err != nil {
@@ -76,7 +121,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, v who) {
 		}
 		changed = fl.changed
 	default:
-		http.Error(w, "page: one of overview, jobs, job, workers, dlq, schedules, pools", http.StatusBadRequest)
+		http.Error(w, "page: one of overview, jobs, job, runs, run, workers, dlq, schedules, pools", http.StatusBadRequest)
 		return
 	}
 	rc := http.NewResponseController(w)

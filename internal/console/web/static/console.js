@@ -1,6 +1,7 @@
 // Fleet console: keeps the page's live part up to date from the server's
 // event stream, at the rate the operator picks (or paused), and carries
-// over what the operator was doing (checked boxes, the log's scroll).
+// over what the operator was doing (checked boxes, the log's scroll, a
+// graph's scroll).
 (function () {
   "use strict";
   var live = document.getElementById("live");
@@ -41,7 +42,14 @@
     var log = document.getElementById("log");
     var atBottom = !log || log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
     var logTop = log ? log.scrollTop : 0;
+    // Boxes that scroll (a run's graph) stay where the operator left them.
+    var kept = {};
+    live.querySelectorAll("[data-keep-scroll][id]").forEach(function (e) { kept[e.id] = [e.scrollLeft, e.scrollTop]; });
     live.innerHTML = html;
+    Object.keys(kept).forEach(function (id) {
+      var e = document.getElementById(id);
+      if (e) { e.scrollLeft = kept[id][0]; e.scrollTop = kept[id][1]; }
+    });
     live.querySelectorAll("input[type=checkbox]").forEach(function (i) { if (checked[i.value]) i.checked = true; });
     log = document.getElementById("log");
     if (log) log.scrollTop = atBottom ? log.scrollHeight : logTop;
