@@ -7,8 +7,9 @@
 # default" and "# END WORKER POOL default") with the pool's name in place of
 # default's (its stream FLEET_POOL_<pool>, its queues' consumers, subjects
 # fleet.p.<pool>.*, fleet.t.*.ev.<pool>.*, fleet.dlq.<pool>.*,
-# fleet.stop.<pool>.*, its bucket fleet-artifacts-<pool>, its inbox and its
-# key variable) above the "# END WORKER POOLS" line; and the lines that keep
+# fleet.stop.<pool>.*, its runs' node ends fleet.r.*.*.node.<pool>.*, its
+# bucket fleet-artifacts-<pool>, its inbox and its key variable) above the
+# "# END WORKER POOLS" line; and the lines that keep
 # the dispatcher and operators off the pool's consumer (the block "# BEGIN
 # POOL CONSUMERS default") above "# END POOL CONSUMERS". The new user reads
 # its public key from FLEET_NKEY_WORKER_<POOL> (upper case, "-" as "_"):

@@ -5,9 +5,10 @@
 #
 # It copies the block of tenant "default" (between "# BEGIN TENANT default"
 # and "# END TENANT default") with the tenant's name in place of default's
-# (its subjects fleet.t.<tenant>.*, its bucket fleet-uploads-<tenant>, the
-# chunks $O.*.C.<tenant>.* and records fleet.p.*.*.<tenant>.* it may read,
-# its inbox _INBOX.producer.<tenant> and its key variable) above the
+# (its subjects fleet.t.<tenant>.*, its runs' requests and live messages
+# among them, its bucket fleet-uploads-<tenant>, the chunks
+# $O.*.C.<tenant>.* and records fleet.p.*.*.<tenant>.* it may read, its
+# inbox _INBOX.producer.<tenant> and its key variable) above the
 # "# END TENANTS" line. The new user reads its public key from
 # FLEET_NKEY_PRODUCER_<TENANT> (upper case, "-" as "_"): generate it with
 # gen-nkeys.sh -t TENANT DIR, then restart or reload the server (nats-server

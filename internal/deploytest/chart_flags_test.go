@@ -33,9 +33,10 @@ var notInChart = map[string]map[string]string{
 		"pprof":              "a debugging aid (Go profiles on the API's address), for a session, through extraEnv",
 	},
 	"worker": {
-		"kubeconfig":  "in a pod the worker uses its ServiceAccount (the in-cluster configuration)",
-		"pprof":       "a debugging aid (Go profiles on the metrics address), for a session, through extraEnv",
-		"keep-failed": "a debugging aid: it leaves failed attempts' workspaces, containers and Jobs behind",
+		"kubeconfig":    "in a pod the worker uses its ServiceAccount (the in-cluster configuration)",
+		"pprof":         "a debugging aid (Go profiles on the metrics address), for a session, through extraEnv",
+		"keep-failed":   "a debugging aid: it leaves failed attempts' workspaces, containers and Jobs behind",
+		"running-after": "the chart's workers run Kubernetes Jobs and Docker containers, whose attempts are recorded running before they start whatever it says (another worker adopts them by that version)",
 	},
 }
 

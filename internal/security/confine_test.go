@@ -184,6 +184,17 @@ func newVictimSchedule(t *testing.T, f *fleet) string {
 	}
 }
 
+// newVictimRun runs a run of tenant default whose one node runs in pool
+// gpu, and returns its id.
+func newVictimRun(t *testing.T, f *fleet) string {
+	t.Helper()
+	r := &job.RunRequest{ID: "victim-run", Nodes: []job.RunNode{{ID: "n", Job: &job.Request{Pool: "gpu", Command: []string{"ok"}}}}}
+	if end := runToEnd(t, f, f.client, r); end.State != job.RunSucceeded {
+		t.Fatalf("the victim run: %+v", end)
+	}
+	return r.ID
+}
+
 // chunk is the subject of the first chunk of an object.
 func chunk(t *testing.T, f *fleet, bucket, key string) string {
 	t.Helper()
@@ -210,11 +221,12 @@ func TestRolesAreConfined(t *testing.T) {
 	s := f.srv
 
 	sched := newVictimSchedule(t, f)
+	run := newVictimRun(t, f)
 	outChunk := chunk(t, f, v.output.Bucket, v.output.Key)
 	upChunk := chunk(t, f, v.upload.Bucket, v.upload.Key)
 	before := map[string]uint64{}
 	for _, st := range []string{"FLEET_POOL_gpu", "FLEET_POOL_default", "FLEET_DLQ", "FLEET_EVENTS", "FLEET_INTAKE",
-		"OBJ_fleet-artifacts-gpu", "OBJ_fleet-uploads-default", "KV_fleet-schedules"} {
+		"OBJ_fleet-artifacts-gpu", "OBJ_fleet-uploads-default", "KV_fleet-schedules", "FLEET_RUNS"} {
 		before[st] = s.streamMsgs(t, st)
 	}
 	var (
@@ -223,6 +235,8 @@ func TestRolesAreConfined(t *testing.T) {
 		lastOf = func(subject string) map[string]any { return map[string]any{"last_by_subj": subject} }
 		doc    = map[string]any{"name": "forged", "every": "1s", "template": map[string]any{"command": []string{"ok"}}}
 		holder = map[string]any{"holder": "forged"}
+		ended  = map[string]any{"run_id": run, "node_id": "n", "job_id": run + ":n", "pool": "gpu", "round": 1, "state": "failed"}
+		runDoc = map[string]any{"id": "forged", "nodes": []any{map[string]any{"id": "n", "job": map[string]any{"command": []string{"ok"}}}}}
 	)
 
 	for _, o := range []forbidden{
@@ -261,6 +275,22 @@ func TestRolesAreConfined(t *testing.T) {
 		{"a default worker follows the schedules' bucket", work, "req", "$JS.API.CONSUMER.CREATE.KV_fleet-schedules.peek.$KV.fleet-schedules.>", nil},
 		{"a default worker looks up the schedules' bucket", work, "req", "$JS.API.STREAM.INFO.KV_fleet-schedules", nil},
 		{"a default worker purges the schedules' bucket", work, "req", "$JS.API.STREAM.PURGE.KV_fleet-schedules", nil},
+
+		// A worker of pool default, against runs: it says that a node of
+		// its own pool ended, nothing else.
+		{"a default worker says a gpu node ended", work, "pub", "fleet.r.default." + run + ".node.gpu.n", ended},
+		{"a default worker writes a run's definition", work, "pub", "fleet.r.default.forged.def", runDoc},
+		{"a default worker cancels a run", work, "pub", "fleet.r.default." + run + ".cancel.1", ended},
+		{"a default worker retries a run", work, "pub", "fleet.r.default." + run + ".retry.2", ended},
+		{"a default worker ends a run", work, "pub", "fleet.r.default." + run + ".end.1", ended},
+		{"a default worker forges a run's live message", work, "pub", "fleet.t.default.run." + run + ".end.1", ended},
+		{"a default worker hears runs", work, "sub", "fleet.t.*.run.>", nil},
+		{"a default worker asks about a run", work, "req", "fleet.t.default.runs.status." + run, nil},
+		{"a default worker submits a run", work, "req", "fleet.t.default.runs.submit", runDoc},
+		{"a default worker reads a run from the stream's leader", work, "req", "$JS.API.STREAM.MSG.GET.FLEET_RUNS", lastOf("fleet.r.default." + run + ".def")},
+		{"a default worker reads a run by direct get", work, "req", "$JS.API.DIRECT.GET.FLEET_RUNS.fleet.r.default." + run + ".def", nil},
+		{"a default worker reads runs with a consumer", work, "req", "$JS.API.CONSUMER.CREATE.FLEET_RUNS.peek.fleet.r.>", nil},
+		{"a default worker pulls the releaser's messages", work, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_RUNS.releaser", pull},
 
 		// The producer of tenant acme, against tenant default's job.
 		{"acme submits as default", acme, "req", "fleet.t.default.submit", map[string]any{"command": []string{"ok"}}},
@@ -311,6 +341,27 @@ func TestRolesAreConfined(t *testing.T) {
 		{"acme reads default's schedule from the bucket", acme, "req", "$JS.API.DIRECT.GET.KV_fleet-schedules.$KV.fleet-schedules.spec.default." + sched, nil},
 		{"acme follows the schedules' bucket", acme, "req", "$JS.API.CONSUMER.CREATE.KV_fleet-schedules.peek.$KV.fleet-schedules.>", nil},
 
+		// The producer of tenant acme, against tenant default's run, and
+		// the runs' stream, which only dispatchers and workers write.
+		{"acme submits a run as default", acme, "req", "fleet.t.default.runs.submit", runDoc},
+		{"acme reads default's run", acme, "req", "fleet.t.default.runs.status." + run, nil},
+		{"acme lists default's runs", acme, "req", "fleet.t.default.runs.list", nil},
+		{"acme cancels default's run", acme, "req", "fleet.t.default.runs.cancel." + run, nil},
+		{"acme retries default's run", acme, "req", "fleet.t.default.runs.retry." + run, nil},
+		{"acme follows default's run", acme, "sub", "fleet.t.default.run." + run + ".>", nil},
+		{"acme follows every tenant's runs", acme, "sub", "fleet.t.*.run.>", nil},
+		{"acme hears every tenant's run requests", acme, "sub", "fleet.t.*.runs.>", nil},
+		{"acme reads default's run from the stream's leader", acme, "req", "$JS.API.STREAM.MSG.GET.FLEET_RUNS", lastOf("fleet.r.default." + run + ".def")},
+		{"acme reads default's run by direct get", acme, "req", "$JS.API.DIRECT.GET.FLEET_RUNS.fleet.r.default." + run + ".def", nil},
+		{"acme reads default's run by a direct get's body", acme, "req", "$JS.API.DIRECT.GET.FLEET_RUNS", lastOf("fleet.r.default." + run + ".def")},
+		{"acme reads default's run with a consumer", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_RUNS.peek.fleet.r.default.>", nil},
+		{"acme looks up the runs' stream", acme, "req", "$JS.API.STREAM.INFO.FLEET_RUNS", nil},
+		{"acme pulls the releaser's messages", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_RUNS.releaser", pull},
+		{"acme writes its own run's definition", acme, "pub", "fleet.r.acme.forged.def", runDoc},
+		{"acme says its own run's node ended", acme, "pub", "fleet.r.acme.forged.node.gpu.n", ended},
+		{"acme ends its own run", acme, "pub", "fleet.r.acme.forged.end.1", ended},
+		{"acme forges its own run's live end", acme, "pub", "fleet.t.acme.run.forged.end.1", ended},
+
 		// The dispatcher takes no jobs and stores no files.
 		{"the dispatcher pulls a pool's jobs", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
 		{"the dispatcher pulls tenant default's queue", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.q3-default", pull},
@@ -332,6 +383,9 @@ func TestRolesAreConfined(t *testing.T) {
 		{"an operator deletes a stream", op, "req", "$JS.API.STREAM.DELETE.FLEET_DLQ", nil},
 		{"an operator writes a schedule into its bucket", op, "pub", "$KV.fleet-schedules.spec.default.forged", doc},
 		{"an operator takes the schedules' lease", op, "pub", "$KV.fleet-schedules.leader", holder},
+		{"an operator writes a run's message", op, "pub", "fleet.r.default." + run + ".end.1", ended},
+		{"an operator submits a run", op, "req", "fleet.t.default.runs.submit", runDoc},
+		{"an operator cancels a run", op, "req", "fleet.t.default.runs.cancel." + run, nil},
 
 		// Contract v1 is off: none of its subjects is anyone's.
 		{"v1: a producer submits", f.prod, "pub", "fleet.submit", map[string]any{"command": []string{"ok"}}},
@@ -362,6 +416,12 @@ func TestRolesAreConfined(t *testing.T) {
 		}
 		if l, err := f.acme.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
 			t.Errorf("tenant acme's schedules: %+v, %v", l, err)
+		}
+		if v, err := f.client.Run(ctx, run); err != nil || v.State != job.RunSucceeded || v.Round != 1 || v.CancelRequested {
+			t.Errorf("tenant default's run: %+v, %v", v, err)
+		}
+		if l, err := f.acme.Runs(ctx); err != nil || len(l) != 0 {
+			t.Errorf("tenant acme's runs: %q, %v", l, err)
 		}
 		o, err := f.client.Output(ctx, v.id, "out.bin")
 		if err != nil {

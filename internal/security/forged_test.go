@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/dispatcher"
@@ -272,4 +276,200 @@ func last(recs []*job.Record) *job.Record {
 		return nil
 	}
 	return recs[len(recs)-1]
+}
+
+// TestAWorkerCannotEndAnotherPoolsNode: an outside client (the nats CLI)
+// holding pool default's worker seed says, on its own pool's subjects of
+// the runs' stream (fleet.r.*.*.node.default.*), as its role allows, that
+// nodes of tenant acme's runs that run in pool gpu ended. It may not write
+// on pool gpu's subject. What it writes on its own releases nothing, and
+// hides nothing of what pool gpu's worker said: a node waiting for a
+// running one stays unqueued, and the run ends as its real nodes' ends
+// say, even when the forged end names a later round (which makes the
+// releaser read the run again) and comes after the real one. Written
+// before a run is submitted, with the message ids the fleet would give
+// that run's definition, its gpu node's end and its summary, it does not
+// keep any of them from being stored. Ends of runs that do not exist do
+// not stay with the releaser.
+func TestAWorkerCannotEndAnotherPoolsNode(t *testing.T) {
+	bin := testenv.NatsCLI(t)
+	f := startFleet(t)
+	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
+	forger := roleWorker("default")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// forge writes e on subject as the forger, with the message id msgID
+	// when it is not empty.
+	forge := func(t *testing.T, subject, msgID string, e *job.NodeEnded) {
+		t.Helper()
+		body, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"pub", "--jetstream", "--no-templates"}
+		if msgID != "" {
+			args = append(args, "--header", "Nats-Msg-Id:"+msgID)
+		}
+		out, err := c.cmd(ctx, forger, append(args, subject, string(body))...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "FLEET_RUNS") {
+			t.Fatalf("the forged end on %s was not stored: %v\n%s", subject, err, out)
+		}
+	}
+
+	t.Run("on another pool's subject", func(t *testing.T) {
+		subject := "fleet.r.acme.forged.node.gpu.n"
+		body, _ := json.Marshal(&job.NodeEnded{RunID: "forged", NodeID: "n", JobID: "forged:n", Pool: "gpu", Round: 1,
+			State: job.StateSucceeded, At: time.Now()})
+		out, err := c.cmd(ctx, forger, "--timeout", "2s", "pub", "--jetstream", "--no-templates", subject, string(body)).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), `Permissions Violation for Publish to "`+subject+`"`) {
+			t.Fatalf("a worker of pool default wrote on pool gpu's subject: %v\n%s", err, out)
+		}
+		refused(t, f.srv, nil, subject)
+		f.srv.log.forget(subject)
+	})
+
+	t.Run("of a node of another pool", func(t *testing.T) {
+		// g ends in pool gpu; next, after it, runs in pool default until it
+		// is cancelled; late, in pool gpu, runs once next has ended.
+		const run = "forged-run"
+		r := &job.RunRequest{ID: run, Nodes: []job.RunNode{
+			{ID: "g", Job: &job.Request{Pool: "gpu", Command: []string{"ok"}}},
+			{ID: "next", After: []string{"g"}, Job: &job.Request{Pool: "default", Command: []string{"block"}}},
+			{ID: "late", After: []string{"next"}, When: job.WhenAllDone, Job: &job.Request{Pool: "gpu", Command: []string{"ok"}}},
+		}}
+		if _, err := f.acme.SubmitRun(ctx, r); err != nil {
+			t.Fatalf("submit run: %v", err)
+		}
+		waitNode(t, f, run, "next", job.StateRunning)
+
+		at := time.Now()
+		for _, e := range []*job.NodeEnded{
+			// a copy of what pool gpu's worker would say
+			{RunID: run, NodeID: "late", JobID: run + ":late", Pool: "gpu", Round: 1, State: job.StateSucceeded, At: at},
+			// an end that agrees with its subject
+			{RunID: run, NodeID: "late", JobID: run + ":late", Pool: "default", Round: 1, State: job.StateSucceeded, At: at},
+			// of a later round, so that the releaser reads the run again
+			{RunID: run, NodeID: "late", JobID: run + ":late", Pool: "default", Round: 99, State: job.StateFailed, At: at},
+			// of a node whose real end is stored: written after it, the
+			// last end on a subject of that node
+			{RunID: run, NodeID: "g", JobID: run + ":g", Pool: "default", Round: 99, State: job.StateFailed, At: at},
+		} {
+			forge(t, "fleet.r.acme."+run+".node.default."+e.NodeID, "", e)
+		}
+		releaserCaughtUp(t, f)
+		if st, err := f.acme.Status(ctx, run+":late"); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("node late's job, whose parent runs, after the forged ends: %+v, %v", st, err)
+		}
+		v, err := f.acme.Run(ctx, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Nodes[0].State != job.StateSucceeded || v.Nodes[1].State != job.StateRunning || v.Nodes[2].State != job.NodeWaiting ||
+			!slices.Equal(v.Nodes[2].WaitingFor, []string{"next"}) {
+			t.Fatalf("the run after the forged ends: %+v", v.Nodes)
+		}
+
+		// next is cancelled: late runs (all_done), and the run ends as
+		// its nodes did.
+		if cr, err := f.acme.Cancel(ctx, run+":next"); err != nil || !cr.Cancelled {
+			t.Fatalf("cancel node next's job: %+v, %v", cr, err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer rcancel()
+		end, err := f.acme.RunResult(rctx, run)
+		if err != nil {
+			t.Fatalf("the run's end: %v", err)
+		}
+		want := []job.NodeState{
+			{ID: "g", JobID: run + ":g", Pool: "gpu", State: job.StateSucceeded},
+			{ID: "next", JobID: run + ":next", Pool: "default", State: job.StateCancelled, Code: job.CodeCancelled},
+			{ID: "late", JobID: run + ":late", Pool: "gpu", State: job.StateSucceeded},
+		}
+		if end.State != job.RunFailed || !slices.Equal(end.Nodes, want) {
+			t.Fatalf("the run's end: %s %+v, want failed %+v", end.State, end.Nodes, want)
+		}
+		if res := result(t, f, f.acme, run+":late"); res.Pool != "gpu" || res.Status != job.StatusSucceeded {
+			t.Fatalf("node late's result: %+v", res)
+		}
+	})
+
+	t.Run("before its run, with the message ids of its messages", func(t *testing.T) {
+		const run = "preempted"
+		e := &job.NodeEnded{RunID: run, NodeID: "g", JobID: run + ":g", Pool: "default", Round: 1, State: job.StateFailed, At: time.Now()}
+		for _, id := range []string{"acme/" + run + "/def", "acme/" + run + ":g/ended", "acme/" + run + "/end/1"} {
+			forge(t, "fleet.r.acme."+run+".node.default.g", id, e)
+		}
+		end := runToEnd(t, f, f.acme, &job.RunRequest{ID: run, Nodes: []job.RunNode{
+			{ID: "g", Job: &job.Request{Pool: "gpu", Command: []string{"ok"}}},
+			{ID: "n", After: []string{"g"}, Job: &job.Request{Pool: "default", Command: []string{"ok"}}},
+		}})
+		if end.State != job.RunSucceeded || len(end.Nodes) != 2 || end.Nodes[0].State != job.StateSucceeded ||
+			end.Nodes[1].State != job.StateSucceeded {
+			t.Fatalf("the run's end: %+v", end)
+		}
+		if v, err := f.acme.Run(ctx, run); err != nil || v.State != job.RunSucceeded {
+			t.Fatalf("the run's view: %+v, %v", v, err)
+		}
+	})
+
+	t.Run("of runs that do not exist", func(t *testing.T) {
+		for i := range 5 {
+			forge(t, fmt.Sprintf("fleet.r.acme.no-such-run-%d.node.default.n", i), "",
+				&job.NodeEnded{RunID: fmt.Sprintf("no-such-run-%d", i), NodeID: "n", JobID: fmt.Sprintf("no-such-run-%d:n", i),
+					Pool: "default", Round: 1, State: job.StateSucceeded, At: time.Now()})
+		}
+		releaserCaughtUp(t, f)
+	})
+	f.noViolations(t)
+}
+
+// waitNode waits until node of tenant acme's run is in state.
+func waitNode(t *testing.T, f *fleet, run, node string, state job.State) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		v, err := f.acme.Run(ctx, run)
+		if err != nil {
+			t.Fatalf("run %s: %v", run, err)
+		}
+		for _, n := range v.Nodes {
+			if n.ID == node && n.State == state {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("node %s of run %s is not %s: %+v", node, run, state, v.Nodes)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// releaserCaughtUp waits until the dispatchers' consumer on the runs'
+// stream has handed out every message and has none waiting for its
+// acknowledgement: each was handled, or terminated. It is read on the
+// server: no role may look at the consumer.
+func releaserCaughtUp(t *testing.T, f *fleet) {
+	t.Helper()
+	var last string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		d, err := f.srv.JszAccount(&server.JSzOptions{Account: "FLEET", Streams: true, Consumer: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range d.Streams {
+			for _, ci := range st.Consumer {
+				if st.Name == "FLEET_RUNS" && ci.Name == "releaser" {
+					if ci.NumPending == 0 && ci.NumAckPending == 0 {
+						return
+					}
+					last = fmt.Sprintf("pending %d, waiting for acknowledgement %d, redelivered %d",
+						ci.NumPending, ci.NumAckPending, ci.NumRedelivered)
+				}
+			}
+		}
+	}
+	t.Fatalf("the releaser did not catch up: %s", last)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,4 +159,166 @@ func TestAnOutsideClientFollowsAJob(t *testing.T) {
 func hexSHA256(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// TestAnOutsideClientFollowsARun: the nats CLI, with tenant acme's key and
+// the shipped roles, submits a run of two nodes (the second, in another
+// pool, taking the first's output as its input) on
+// fleet.t.acme.runs.submit, follows it on fleet.t.acme.run.<run>.> until
+// its end, and reads how it stands on fleet.t.acme.runs.status.<run> and
+// its nodes' results by their job ids. An operator reads the stored end
+// with `nats stream get FLEET_RUNS --last-for fleet.r.acme.<run>.end.1`,
+// which the tenant may not (it reads the runs' stream through a
+// dispatcher). Tenant default's producer has no such run, and may neither
+// ask about acme's nor hear it.
+func TestAnOutsideClientFollowsARun(t *testing.T) {
+	bin := testenv.NatsCLI(t)
+	f := startFleet(t)
+	c := natsRunner{bin: bin, url: f.srv.url(), home: t.TempDir(), keys: f.keys}
+	acme := roleTenant("acme")
+	const run = "from-the-cli"
+
+	// Follow the run's messages before submitting it: the runs' stream
+	// republishes each on the tenant's subject. Each message comes as a
+	// JSON document with its subject, each ended by a NUL.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subs := f.srv.NumSubscriptions()
+	follow := c.cmd(ctx, acme, "sub", "--dump=-", "fleet.t.acme.run."+run+".>")
+	var followErr bytes.Buffer
+	follow.Stderr = &followErr
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for f.srv.NumSubscriptions() <= subs {
+		if ctx.Err() != nil {
+			t.Fatalf("nats sub did not subscribe: %s", followErr.Bytes())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	req := `{"id":"` + run + `","nodes":[` +
+		`{"id":"a","job":{"pool":"gpu","command":["ok"],"outputs":["out.txt"]}},` +
+		`{"id":"b","after":["a"],"inputs_from":{"in.txt":{"node":"a","output":"out.txt"}},` +
+		`"job":{"pool":"default","command":["copy"],"outputs":["out.txt"]}}]}`
+	var reply job.RunSubmitReply
+	if err := json.Unmarshal(c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.submit", req), &reply); err != nil ||
+		reply.RunID != run || reply.Tenant != "acme" || reply.Nodes != 2 || reply.Duplicate || reply.Rejected() {
+		t.Fatalf("submit: %+v, %v", reply, err)
+	}
+
+	// Every message of the run, live, until its end.
+	var subjects []string
+	var end job.RunEnd
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		if i := bytes.IndexByte(data, 0); i >= 0 {
+			return i + 1, data[:i], nil
+		}
+		if atEOF && len(data) > 0 {
+			return len(data), data, nil
+		}
+		return 0, nil, nil
+	})
+	for end.RunID == "" && sc.Scan() {
+		var m struct {
+			Subject string
+			Data    []byte
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("a message as nats sub dumps it: %q: %v", sc.Text(), err)
+		}
+		subjects = append(subjects, m.Subject)
+		if m.Subject == "fleet.t.acme.run."+run+".end.1" {
+			if err := json.Unmarshal(m.Data, &end); err != nil {
+				t.Fatalf("the end: %q: %v", m.Data, err)
+			}
+		}
+	}
+	_ = follow.Process.Kill()
+	_ = follow.Wait()
+	if end.RunID == "" {
+		t.Fatalf("no end; heard %q (%v) %s", subjects, sc.Err(), followErr.Bytes())
+	}
+	slices.Sort(subjects)
+	if want := []string{"fleet.t.acme.run." + run + ".def", "fleet.t.acme.run." + run + ".end.1",
+		"fleet.t.acme.run." + run + ".node.default.b", "fleet.t.acme.run." + run + ".node.gpu.a"}; !slices.Equal(subjects, want) {
+		t.Fatalf("heard %q, want %q", subjects, want)
+	}
+	want := []job.NodeState{
+		{ID: "a", JobID: run + ":a", Pool: "gpu", State: job.StateSucceeded},
+		{ID: "b", JobID: run + ":b", Pool: "default", State: job.StateSucceeded},
+	}
+	if end.Tenant != "acme" || end.Round != 1 || end.State != job.RunSucceeded || !slices.Equal(end.Nodes, want) {
+		t.Fatalf("the run's end: %+v", end)
+	}
+
+	// How the run stands, and node b's result by its job id: a's output
+	// was its input.
+	var v job.RunView
+	if err := json.Unmarshal(c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.status."+run, ""), &v); err != nil ||
+		v.State != job.RunSucceeded || len(v.Nodes) != 2 || v.Nodes[0].JobID != run+":a" || v.Nodes[1].JobID != run+":b" ||
+		v.Nodes[0].State != job.StateSucceeded || v.Nodes[1].State != job.StateSucceeded {
+		t.Fatalf("the run's status: %+v, %v", v, err)
+	}
+	var rec job.Record
+	data := c.run(t, acme, "req", "--raw", "$JS.API.DIRECT.GET.FLEET_POOL_default.fleet.p.default.r.acme."+run+":b", "")
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Result == nil || rec.Result.Outputs["out.txt"] != "hi" {
+		t.Fatalf("node b's result by direct get: %q, %v", data, err)
+	}
+
+	// An operator reads the stored end from the runs' stream.
+	var stored struct {
+		Subject string `json:"subject"`
+		Data    []byte `json:"data"`
+	}
+	data = c.run(t, roleOperator, "stream", "get", "FLEET_RUNS", "--last-for", "fleet.r.acme."+run+".end.1", "--json")
+	var got job.RunEnd
+	if err := json.Unmarshal(data, &stored); err != nil || stored.Subject != "fleet.r.acme."+run+".end.1" ||
+		json.Unmarshal(stored.Data, &got) != nil || got.State != job.RunSucceeded || !slices.Equal(got.Nodes, want) {
+		t.Fatalf("nats stream get as an operator: %s, %v", data, err)
+	}
+	// The tenant may not: the stream is every tenant's.
+	var stderr bytes.Buffer
+	get := c.cmd(ctx, acme, "--timeout", "2s", "stream", "get", "FLEET_RUNS", "--last-for", "fleet.r.acme."+run+".end.1", "--json")
+	get.Stderr = &stderr
+	if out, err := get.Output(); err == nil || !strings.Contains(stderr.String(), "Permissions Violation") {
+		t.Fatalf("nats stream get as the tenant: %s, %v: %s", out, err, stderr.Bytes())
+	}
+	refused(t, f.srv, nil, "$JS.API.STREAM.INFO.FLEET_RUNS")
+	f.srv.log.forget("$JS.API.STREAM.INFO.FLEET_RUNS")
+
+	// Tenant default has no run of that id, may not ask about acme's,
+	// nor hear it.
+	var e job.ErrorReply
+	if err := json.Unmarshal(c.run(t, roleProducer, "req", "--raw", "fleet.t.default.runs.status."+run, ""), &e); err != nil || !e.NotFound {
+		t.Fatalf("tenant default asked about its own run %s: %+v, %v", run, e, err)
+	}
+	for _, args := range [][]string{
+		{"req", "fleet.t.acme.runs.status." + run, ""},
+		{"sub", "--count", "1", "fleet.t.acme.run." + run + ".>"},
+	} {
+		subject := args[len(args)-1]
+		verb := "Publish"
+		if args[0] == "req" {
+			subject = args[1]
+		} else {
+			verb = "Subscription"
+		}
+		stderr.Reset()
+		cmd := c.cmd(ctx, roleProducer, append([]string{"--timeout", "2s"}, args...)...)
+		cmd.Stderr = &stderr
+		out, _ := cmd.Output()
+		if !strings.Contains(stderr.String(), `Permissions Violation for `+verb+` to "`+subject+`"`) || len(out) > 0 {
+			t.Fatalf("tenant default: nats %s: %q, %s", strings.Join(args, " "), out, stderr.Bytes())
+		}
+		refused(t, f.srv, nil, subject)
+		f.srv.log.forget(subject)
+	}
+	f.noViolations(t)
 }

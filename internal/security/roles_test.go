@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -216,7 +217,8 @@ func (f *fleet) noViolations(t *testing.T) {
 }
 
 // testExecutor runs a request by its first argument: "ok" succeeds with an
-// output, "fail" exits 3, "block" runs until cancelled.
+// output, "copy" succeeds with its input in.txt as its output out.txt,
+// "fail" exits 3, "block" runs until cancelled.
 type testExecutor struct{}
 
 func (testExecutor) Run(ctx context.Context, task *executor.Task) (*executor.Outcome, error) {
@@ -225,6 +227,8 @@ func (testExecutor) Run(ctx context.Context, task *executor.Task) (*executor.Out
 	case "ok":
 		task.Report.Log("stdout", "hello")
 		return executor.Succeeded(start, map[string]string{"out.txt": "hi"}), nil
+	case "copy":
+		return executor.Succeeded(start, map[string]string{"out.txt": task.Request.Inputs["in.txt"]}), nil
 	case "fail":
 		code := 3
 		return &executor.Outcome{Status: job.StatusFailed, ExitCode: &code, StartedAt: start, FinishedAt: time.Now(),
@@ -262,6 +266,22 @@ func result(t *testing.T, f *fleet, c *client.Client, id string) *job.Result {
 		t.Fatalf("result of %s/%s: %v (violations: %q)", c.Tenant(), id, err, f.srv.log.violations())
 	}
 	return r
+}
+
+// runToEnd submits a run as c's tenant and waits for its round to end.
+func runToEnd(t *testing.T, f *fleet, c *client.Client, r *job.RunRequest) *job.RunEnd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reply, err := c.SubmitRun(ctx, r)
+	if err != nil || reply.Duplicate || reply.Tenant != c.Tenant() {
+		t.Fatalf("submit run %s as %s: %+v, %v (violations: %q)", r.ID, c.Tenant(), reply, err, f.srv.log.violations())
+	}
+	end, err := c.RunResult(ctx, r.ID)
+	if err != nil {
+		t.Fatalf("run %s of %s: %v (violations: %q)", r.ID, c.Tenant(), err, f.srv.log.violations())
+	}
+	return end
 }
 
 func (f *fleet) submit(t *testing.T, r *job.Request) string { return submit(t, f, f.client, r) }
@@ -642,6 +662,99 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 		if l, err := f.acme.Schedules(ctx); err != nil || len(l.Schedules) != 0 {
 			t.Fatalf("list after the delete: %+v, %v", l, err)
+		}
+	})
+
+	t.Run("is a node of a run", func(t *testing.T) {
+		// Tenant acme submits a run across both pools, the second node
+		// reading the first's output: each pool's worker says its node's
+		// end on its pool's subject of the runs' stream, and a dispatcher
+		// releases the node after it. The tenant follows the run, reads
+		// and lists it; tenant default has no such run; an operator reads
+		// it as acme's.
+		r := &job.RunRequest{ID: "security-run", Nodes: []job.RunNode{
+			{ID: "a", Job: &job.Request{Pool: "gpu", Command: []string{"ok"}, Outputs: []string{"out.txt"}}},
+			{ID: "b", After: []string{"a"}, InputsFrom: map[string]job.OutputOf{"in.txt": {Node: "a", Output: "out.txt"}},
+				Job: &job.Request{Pool: "default", Command: []string{"copy"}, Outputs: []string{"out.txt"}}},
+		}}
+		end := runToEnd(t, f, f.acme, r)
+		if end.State != job.RunSucceeded || len(end.Nodes) != 2 ||
+			end.Nodes[0] != (job.NodeState{ID: "a", JobID: "security-run:a", Pool: "gpu", State: job.StateSucceeded}) ||
+			end.Nodes[1] != (job.NodeState{ID: "b", JobID: "security-run:b", Pool: "default", State: job.StateSucceeded}) {
+			t.Fatalf("the run's end: %+v", end)
+		}
+		if res := result(t, f, f.acme, "security-run:b"); res.Outputs["out.txt"] != "hi" {
+			t.Fatalf("node b's result, its input a's output: %+v", res)
+		}
+		if v, err := f.acme.Run(ctx, r.ID); err != nil || v.State != job.RunSucceeded || v.Tenant != "acme" {
+			t.Fatalf("the run's view: %+v, %v (violations: %q)", v, err, f.srv.log.violations())
+		}
+		if l, err := f.acme.Runs(ctx); err != nil || !slices.Contains(l, r.ID) {
+			t.Fatalf("acme's runs: %q, %v", l, err)
+		}
+		if v, err := f.client.Run(ctx, r.ID); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("tenant default read acme's run: %+v, %v", v, err)
+		}
+		if l, err := f.client.Runs(ctx); err != nil || slices.Contains(l, r.ID) {
+			t.Fatalf("tenant default's runs: %q, %v", l, err)
+		}
+		oc, err := client.New(op.Conn, client.WithTenant("acme"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, err := oc.Run(ctx, r.ID); err != nil || v.State != job.RunSucceeded {
+			t.Fatalf("the operator's view of acme's run: %+v, %v (violations: %q)", v, err, f.srv.log.violations())
+		}
+		if l, err := oc.Runs(ctx); err != nil || !slices.Contains(l, r.ID) {
+			t.Fatalf("the operator's list of acme's runs: %q, %v", l, err)
+		}
+	})
+
+	t.Run("is a node of a run cancelled, and of one retried", func(t *testing.T) {
+		// A run cancelled while its first node runs: a worker stops it, a
+		// dispatcher ends the node after it, which never ran, and says so.
+		r := &job.RunRequest{ID: "security-cancelled", Nodes: []job.RunNode{
+			{ID: "hold", Job: &job.Request{Pool: "gpu", Command: []string{"block"}}},
+			{ID: "after", After: []string{"hold"}, Job: &job.Request{Pool: "default", Command: []string{"ok"}}},
+		}}
+		if _, err := f.acme.SubmitRun(ctx, r); err != nil {
+			t.Fatalf("submit run: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			v, err := f.acme.Run(ctx, r.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Nodes[0].State == job.StateRunning {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node hold did not start: %+v (violations: %q)", v, f.srv.log.violations())
+			}
+		}
+		if c, err := f.acme.CancelRun(ctx, r.ID); err != nil || !c.Cancelled {
+			t.Fatalf("cancel run: %+v, %v", c, err)
+		}
+		end, err := f.acme.RunResult(ctx, r.ID)
+		if err != nil || end.State != job.RunCancelled || end.Nodes[0].State != job.StateCancelled ||
+			end.Nodes[1].State != job.StateCancelled {
+			t.Fatalf("the cancelled run's end: %+v, %v", end, err)
+		}
+
+		// A run that fails, retried: its second round runs the node again
+		// as a new job.
+		r = &job.RunRequest{ID: "security-retried", Nodes: []job.RunNode{
+			{ID: "bad", Job: &job.Request{Pool: "default", Command: []string{"fail"}, Retry: &job.RetryPolicy{MaxAttempts: 1}}},
+		}}
+		if end := runToEnd(t, f, f.acme, r); end.State != job.RunFailed {
+			t.Fatalf("the failed run's end: %+v", end)
+		}
+		if rt, err := f.acme.RetryRun(ctx, r.ID); err != nil || rt.Round != 2 || !slices.Equal(rt.Retried, []string{"bad"}) {
+			t.Fatalf("retry run: %+v, %v", rt, err)
+		}
+		end, err = f.acme.RunResult(ctx, r.ID)
+		if err != nil || end.Round != 2 || end.State != job.RunFailed || end.Nodes[0].JobID != "security-retried:bad:2" {
+			t.Fatalf("the retried run's end: %+v, %v", end, err)
 		}
 	})
 
