@@ -316,6 +316,12 @@ func TestKilledWorkerLosesNoJob(t *testing.T) {
 		Command: []string{"sh", "-c", "touch " + marker + "/attempt-$FLEET_ATTEMPT; sleep 1.5; echo done > $FLEET_OUTPUTS/out"},
 		Outputs: []string{"out"}})
 	waitFile(t, filepath.Join(marker, "attempt-1"), 20*time.Second)
+	// Once the attempt is recorded as running (a process attempt is, once
+	// it has run --running-after), its loss is the job's history.
+	waitFor(t, "the attempt recorded running", 20*time.Second, func() bool {
+		st, err := f.Client.Status(context.Background(), id)
+		return err == nil && st.Job.State == job.StateRunning
+	})
 	first.Kill() // SIGKILL, mid-attempt
 
 	second := fleettest.StartProc(t, "worker", env, "--id", "heir", "--slots", "2", "--ack-wait", "2s")
@@ -330,6 +336,52 @@ func TestKilledWorkerLosesNoJob(t *testing.T) {
 	// The killed worker's process died with it and did not finish.
 	if _, err := os.Stat(filepath.Join(marker, "attempt-1")); err != nil {
 		t.Error(err)
+	}
+	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{id}, ear)
+}
+
+// A job whose first delivery kills its worker at once, before the attempt
+// is recorded as running (a process attempt is, once it has run
+// --running-after), is delivered again; that delivery records its attempt
+// before it starts, so that a job that kills every worker it reaches is
+// counted lost each time, up to its max_lost, and fails: it does not come
+// back forever.
+func TestAJobThatKillsItsWorkerAtOnceEnds(t *testing.T) {
+	f := fleettest.Start(t)
+	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_REDIS_URL="}
+	nc := f.NATS.Connect(t)
+	ear := listen(t, nc, job.DefaultTenant, "default")
+	lost := 2
+	// The attempt kills the worker that runs it (its parent) at once.
+	id := f.Submit(t, &job.Request{ID: "poison", Retry: &job.RetryPolicy{MaxAttempts: 1, MaxLost: &lost},
+		Command: []string{"sh", "-c", "kill -9 $PPID"}})
+	ended := func() bool {
+		st, err := f.Client.Status(context.Background(), id)
+		return err == nil && st.Job.State.Final()
+	}
+	killed := 0
+	for i := 0; !ended(); i++ {
+		if i == 6 {
+			t.Fatalf("the job did not end after %d workers it killed", killed)
+		}
+		// (It may be killed before it says it started.)
+		w := fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w%d", i), "--slots", "1", "--ack-wait", "1s")
+		waitFor(t, "the worker killed, or the job ended", 30*time.Second, func() bool { return w.Wait(0) || ended() })
+		if w.Wait(time.Second) {
+			killed++
+			t.Logf("worker w%d killed", i)
+		}
+	}
+	r := f.Await(t, id, 10*time.Second)
+	if r.Status != job.StatusFailed || r.Failure == nil || r.Failure.Code != job.CodeWorkerLost {
+		t.Fatalf("result %+v; want failed, worker_lost", r)
+	}
+	// Each delivery after the first is a lost attempt, and the third lost
+	// (over max_lost 2) ends the job; the first counts only if its worker
+	// had recorded the attempt before it died (it does after 20 ms, which
+	// the start of a shell can outlast on a busy machine).
+	if killed < 3 || killed > 4 || len(r.History) != 2 {
+		t.Errorf("%d workers killed, %d attempts in its history; want 3 or 4 (the first delivery's, uncounted when it died at once) and 2", killed, len(r.History))
 	}
 	requireHistory(t, nc, job.DefaultTenant, "default", "", []string{id}, ear)
 }
