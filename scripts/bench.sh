@@ -18,6 +18,13 @@
 #      to a work-queue stream, pulled in batches of up to 64 for 64 slots, a
 #      Redis Lua slot lease per job, the result published asynchronously,
 #      the ack.
+#   2b. Runs, on the same single-server fleet: a run of 10,000 nodes (one,
+#      then 9,998 after it, then one after them all), the same graph through
+#      a planner outside the fleet that submits each node when it hears its
+#      parents' final versions (bench/runs), and 10,000 independent jobs,
+#      the rate the run is held to; then a chain of 500 on an idle pool,
+#      from a parent's end to its child's start, as a run and through the
+#      planner.
 #   3. The same fleet on a three-node NATS cluster with streams of three
 #      replicas, no-op jobs as fast as possible, and jobs spread over three
 #      pools.
@@ -62,6 +69,7 @@ say() { printf '\n== %s\n' "$*"; }
 go build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
 (cd bench/asynq && go build -o "../../$bin/asynq-bench" .)
 (cd bench/jsloop && go build -o "../../$bin/jsloop-bench" .)
+(cd bench/runs && go build -o "../../$bin/runs-bench" .)
 command -v redis-server >/dev/null || { echo "make bench needs redis-server"; exit 1; }
 
 redis-server --bind 127.0.0.1 --port 16479 --save '' --appendonly no >"$base/redis.log" 2>&1 &
@@ -129,36 +137,108 @@ echo "the fleet: nats-server $("$bin/nats-server" --version | grep -o "v[0-9][0-
 echo "the peer:  asynq v0.26, $slots concurrent handlers, on the same redis-server"
 echo "the loop:  bare JetStream (bench/jsloop), $slots slots, on the same nats-server and redis-server"
 
-say "one NATS server: $jobs no-op jobs as fast as possible, $rounds rounds, each beside asynq and the loop"
+# fleet_up [dispatcher flags...]: the fleet on a fresh nats-server (its
+# store emptied, as the loop makes its streams afresh each round): sets
+# npid, dpid and wpid. fleet_down stops it.
 export FLEET_NATS_URL=nats://127.0.0.1:14322
-nats n0 14322 0
-sleep 0.3
-dispatcher
-worker noop
-printf '%-8s %12s %12s %14s %12s %14s %12s %12s %13s\n' round "fleet jobs/s" "CPU/job µs" "asynq tasks/s" "CPU/task µs" "fleet / asynq" \
-	"loop jobs/s" "CPU/job µs" "fleet / loop"
-fleet_rates=() asynq_rates=() loop_ratios=()
+fleet_up() {
+	rm -rf "$base/n0" "$base/dispatcher"
+	nats n0 14322 0
+	sleep 0.3
+	dispatcher "$@"
+	worker noop
+}
+fleet_down() { stop "$wpid" "$dpid" "$npid"; }
+
+# The CPU a run cost the machine, per job: for the fleet its processes,
+# redis-server's and fleetctl bench's own (the producer and the reader);
+# for the loop, its process (producer, worker, reader), nats-server's and
+# redis-server's; for asynq, its process and redis-server's.
+allcpu() { python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("cpu_per_job_us", 0) + r.get("self_cpu_per_job_us", 0))'; }
+median() { sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+lowest() { sort -g | head -1; }
+
+say "one NATS server: $jobs no-op jobs as fast as possible, $rounds rounds, each beside the console off, asynq and the loop"
+printf '%-6s %10s %8s %11s %7s %10s %8s %8s %10s %8s %8s %8s\n' round "fleet j/s" "CPU µs" "console off" "on/off" "asynq t/s" "CPU µs" "f/asynq" \
+	"loop j/s" "CPU µs" "f/loop" "CPU f/l"
+onoff=() vsasynq=() vsloop=() cpuratio=() singles=()
 for r in $(seq "$rounds"); do
-	f=$(bench --jobs "$jobs" --pids "$npid,$dpid,$wpid")
+	fleet_up
+	f=$(bench --jobs "$jobs" --pids "$npid,$dpid,$wpid,$redis_pid")
+	fleet_down
+	fleet_up --console=false
+	o=$(bench --jobs "$jobs" --pids "$npid,$dpid,$wpid,$redis_pid")
+	fleet_down
 	a=$("$bin/asynq-bench" --redis 127.0.0.1:16479 --tasks "$jobs" --concurrency "$slots" --pids "$redis_pid")
+	nats n0 14322 0
+	sleep 0.3
 	l=$("$bin/jsloop-bench" --nats "$FLEET_NATS_URL" --redis redis://127.0.0.1:16479/2 --jobs "$jobs" --workers "$slots" --pids "$npid,$redis_pid")
-	fr=$(echo "$f" | field jobs_per_second) fc=$(echo "$f" | field cpu_per_job_us)
+	stop "$npid"
+	fr=$(echo "$f" | field jobs_per_second) fc=$(echo "$f" | allcpu) or=$(echo "$o" | field jobs_per_second)
 	ar=$(echo "$a" | field tasks_per_second) ac=$(echo "$a" | field cpu_per_task_us)
 	lr=$(echo "$l" | field jobs_per_second) lc=$(echo "$l" | field cpu_per_job_us)
-	fleet_rates+=("$fr") asynq_rates+=("$ar") loop_ratios+=("$(echo "$fr / $lr" | bc -l)")
-	printf '%-8s %12.0f %12.0f %14.0f %12.0f %13.2fx %12.0f %12.0f %12.2fx\n' "$r" "$fr" "$fc" "$ar" "$ac" "$(echo "$fr / $ar" | bc -l)" \
-		"$lr" "$lc" "${loop_ratios[-1]}"
+	singles+=("$fr") onoff+=("$(echo "$fr / $or" | bc -l)") vsasynq+=("$(echo "$fr / $ar" | bc -l)")
+	vsloop+=("$(echo "$fr / $lr" | bc -l)") cpuratio+=("$(echo "$fc / $lc" | bc -l)")
+	printf '%-6s %10.0f %8.0f %11.0f %6.2fx %10.0f %8.0f %7.2fx %10.0f %8.0f %7.2fx %7.2fx\n' "$r" "$fr" "$fc" "$or" "${onoff[-1]}" \
+		"$ar" "$ac" "${vsasynq[-1]}" "$lr" "$lc" "${vsloop[-1]}" "${cpuratio[-1]}"
 done
-printf '%s\n' "${loop_ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END {
-	printf "fleet / loop, the median of %d rounds: %.2fx\n", NR, NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-}'
+single=$(printf '%s\n' "${singles[@]}" | median)
+printf 'medians of %d rounds: fleet / loop %sx (target 0.6x), CPU per job fleet / loop %sx (target at most 2x), console on / off %sx (target 0.95x); fleet / asynq at its lowest %.2fx (target above 1x in every round)\n' \
+	"$rounds" "$(printf '%s\n' "${vsloop[@]}" | median)" "$(printf '%s\n' "${cpuratio[@]}" | median)" "$(printf '%s\n' "${onoff[@]}" | median)" \
+	"$(printf '%s\n' "${vsasynq[@]}" | lowest)"
 
-say "the same, fire and forget on fleet.t.default.intake (kept by the intake stream)"
-bench --jobs "$jobs" --stored --pids "$npid,$dpid,$wpid" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.0f jobs/s, %.0f µs of CPU per job" % (r["jobs_per_second"], r.get("cpu_per_job_us", 0)))'
+say "paced at 1,000 jobs/s, 5,000 jobs: the fleet's submit -> result beside the loop's publish -> result, $rounds rounds"
+p50s=() p99s=()
+for r in $(seq "$rounds"); do
+	fleet_up
+	f=$(bench --jobs 5000 --rate 1000 --pids "$npid,$dpid,$wpid,$redis_pid" --metrics "http://$metrics/metrics")
+	fleet_down
+	nats n0 14322 0
+	sleep 0.3
+	l=$("$bin/jsloop-bench" --nats "$FLEET_NATS_URL" --redis redis://127.0.0.1:16479/2 --jobs 5000 --rate 1000 --workers "$slots" --pids "$npid,$redis_pid")
+	stop "$npid"
+	f50=$(echo "$f" | field submit_to_result_p50_ms) f99=$(echo "$f" | field submit_to_result_p99_ms)
+	l50=$(echo "$l" | field publish_to_result_p50_ms) l99=$(echo "$l" | field publish_to_result_p99_ms)
+	p50s+=("$(echo "$f50 / $l50" | bc -l)") p99s+=("$(echo "$f99 / $l99" | bc -l)")
+	printf 'round %s: fleet p50 %.2f ms, p99 %.2f ms, %.0f µs CPU/job, %.2f Redis round trips/job; the loop p50 %.2f ms, p99 %.2f ms; fleet / loop p50 %.2fx, p99 %.2fx\n' \
+		"$r" "$f50" "$f99" "$(echo "$f" | allcpu)" "$(echo "$f" | field redis_calls_per_job)" "$l50" "$l99" "${p50s[-1]}" "${p99s[-1]}"
+done
+printf 'medians: fleet / loop p50 %sx (target at most 2.5x), p99 %sx (target at most 3x)\n' "$(printf '%s\n' "${p50s[@]}" | median)" "$(printf '%s\n' "${p99s[@]}" | median)"
 
-say "paced at 1,000 jobs/s, 5,000 jobs: latency"
-"$bin/fleetctl" bench --jobs 5000 --rate 1000 --pids "$npid,$dpid,$wpid" --metrics "http://$metrics/metrics"
-stop "$wpid" "$dpid" "$npid"
+nodes=${RUN_NODES:-10000} chain=${RUN_CHAIN:-500}
+say "runs: $nodes nodes (1 -> $((nodes - 2)) -> 1) as one run, the same graph through a planner outside the fleet (bench/runs), and $nodes independent jobs; a chain of $chain on an idle pool, parent's end -> child's start; $rounds rounds"
+printf '%-6s %10s %10s %10s %8s %8s %11s %11s %11s %11s\n' round "jobs n/s" "run n/s" "planner" "run/jobs" "pl/jobs" "run p50 ms" "run p99 ms" "plan p50" "plan p99"
+runjobs=() planjobs=() rp50=() rp99=() pp50=() pp99=()
+runs_bench() { "$bin/runs-bench" --nats "$FLEET_NATS_URL" "$@"; }
+for r in $(seq "$rounds"); do
+	fleet_up
+	rj=$(runs_bench --via jobs --nodes "$nodes")
+	fleet_down
+	fleet_up
+	rf=$(runs_bench --via run --shape fan --nodes "$nodes")
+	fleet_down
+	fleet_up
+	rp=$(runs_bench --via planner --shape fan --nodes "$nodes")
+	fleet_down
+	fleet_up
+	rc=$(runs_bench --via run --shape chain --nodes "$chain")
+	rpc=$(runs_bench --via planner --shape chain --nodes "$chain")
+	fleet_down
+	jr=$(echo "$rj" | field nodes_per_second) fr=$(echo "$rf" | field nodes_per_second) pr=$(echo "$rp" | field nodes_per_second)
+	runjobs+=("$(echo "$fr / $jr" | bc -l)") planjobs+=("$(echo "$pr / $jr" | bc -l)")
+	rp50+=("$(echo "$rc" | field release_p50_ms)") rp99+=("$(echo "$rc" | field release_p99_ms)")
+	pp50+=("$(echo "$rpc" | field release_p50_ms)") pp99+=("$(echo "$rpc" | field release_p99_ms)")
+	printf '%-6s %10.0f %10.0f %10.0f %7.2fx %7.2fx %11.2f %11.2f %11.2f %11.2f\n' "$r" "$jr" "$fr" "$pr" "${runjobs[-1]}" "${planjobs[-1]}" \
+		"${rp50[-1]}" "${rp99[-1]}" "${pp50[-1]}" "${pp99[-1]}"
+done
+printf 'medians: a run / independent jobs %sx (target 0.8x), the planner / independent jobs %sx; a parent'"'"'s end -> its child'"'"'s start in a run p50 %s ms (target under 5), p99 %s ms (target under 20), through the planner p50 %s ms, p99 %s ms\n' \
+	"$(printf '%s\n' "${runjobs[@]}" | median)" "$(printf '%s\n' "${planjobs[@]}" | median)" "$(printf '%s\n' "${rp50[@]}" | median)" \
+	"$(printf '%s\n' "${rp99[@]}" | median)" "$(printf '%s\n' "${pp50[@]}" | median)" "$(printf '%s\n' "${pp99[@]}" | median)"
+
+say "fire and forget on fleet.t.default.intake (kept by the intake stream), $jobs no-op jobs"
+fleet_up
+bench --jobs "$jobs" --stored --pids "$npid,$dpid,$wpid,$redis_pid" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.0f jobs/s, %.0f µs of CPU per job" % (r["jobs_per_second"], r.get("cpu_per_job_us", 0) + r.get("self_cpu_per_job_us", 0)))'
+fleet_down
 
 say "a three-node NATS cluster, streams of three replicas: $jobs no-op jobs as fast as possible"
 export FLEET_NATS_URL=nats://127.0.0.1:14331,nats://127.0.0.1:14332,nats://127.0.0.1:14333
@@ -172,10 +252,13 @@ c3=$npid
 sleep 2
 dispatcher --replicas 3
 worker noop
+clusters=()
 for r in $(seq "$rounds"); do
-	f=$(bench --jobs "$jobs" --pids "$c1,$c2,$c3,$dpid,$wpid")
-	printf 'round %s: %.0f jobs/s, %.0f µs of CPU per job\n' "$r" "$(echo "$f" | field jobs_per_second)" "$(echo "$f" | field cpu_per_job_us)"
+	f=$(bench --jobs "$jobs" --pids "$c1,$c2,$c3,$dpid,$wpid,$redis_pid")
+	clusters+=("$(echo "$f" | field jobs_per_second)")
+	printf 'round %s: %.0f jobs/s, %.0f µs of CPU per job\n' "$r" "${clusters[-1]}" "$(echo "$f" | allcpu)"
 done
+printf 'the cluster / the single server, medians: %.2fx (target 0.6x)\n' "$(echo "$(printf '%s\n' "${clusters[@]}" | median) / $single" | bc -l)"
 
 say "the same cluster, paced at 1,000 jobs/s, 5,000 jobs: latency"
 "$bin/fleetctl" bench --jobs 5000 --rate 1000 --pids "$c1,$c2,$c3,$dpid,$wpid"

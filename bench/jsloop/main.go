@@ -4,6 +4,7 @@
 // its own, like bench/asynq, so that the fleet does not depend on it.
 //
 //	jsloop-bench --nats nats://127.0.0.1:4222 --redis redis://127.0.0.1:6379/0 --jobs 5000 --workers 64
+//	jsloop-bench ... --jobs 5000 --rate 1000   # paced: publish -> result latency
 //
 // Per job:
 //
@@ -47,7 +48,10 @@
 // well the batches fill), refused (reservations Redis refused), job_bytes,
 // and, checked after the clock stops, jobs_left in the work queue (0: all
 // acked) and results_stored. The clock runs from the first publication to
-// the last result, as fleetctl bench's does.
+// the last result, as fleetctl bench's does. With --rate, the producer
+// publishes that many jobs a second, and publish_to_result_p50_ms and
+// _p99_ms say how long each job took from its publication to its result
+// heard by the reader (fleetctl bench's submit -> result, paced the same).
 package main
 
 import (
@@ -58,6 +62,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,7 +90,7 @@ const (
 
 type options struct {
 	nats, redis, storage, pids string
-	jobs, workers, batch       int
+	jobs, workers, batch, rate int
 	timeout                    time.Duration
 	keep                       bool
 }
@@ -97,6 +102,7 @@ func main() {
 	flag.IntVar(&o.jobs, "jobs", 5000, "jobs to publish and process")
 	flag.IntVar(&o.workers, "workers", 64, "jobs processed at once (the fleet's slots)")
 	flag.IntVar(&o.batch, "batch", 64, "most messages one pull request asks for")
+	flag.IntVar(&o.rate, "rate", 0, "jobs published per second (0: as fast as possible)")
 	flag.StringVar(&o.storage, "storage", "file", "storage of the jobs stream: file or memory")
 	flag.StringVar(&o.pids, "pids", "", "comma-separated pids whose CPU time is counted too (nats-server, redis-server)")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting for results after this long")
@@ -158,6 +164,10 @@ func run(o options) error {
 	// The reader: a core subscription on the results, as fleetctl bench's.
 	// A job is counted once, should it be delivered again.
 	seen := make([]bool, o.jobs)
+	// sent and took are each job's publication (unix ns) and its time to
+	// its result.
+	sent := make([]atomic.Int64, o.jobs)
+	took := make([]time.Duration, o.jobs)
 	var got int
 	var mu sync.Mutex
 	allDone := make(chan struct{})
@@ -166,10 +176,12 @@ func run(o options) error {
 		if err != nil || i < 0 || i >= len(seen) {
 			return
 		}
+		at := time.Now().UnixNano()
 		mu.Lock()
 		defer mu.Unlock()
 		if !seen[i] {
 			seen[i] = true
+			took[i] = time.Duration(at - sent[i].Load())
 			if got++; got == len(seen) {
 				close(allDone)
 			}
@@ -198,7 +210,7 @@ func run(o options) error {
 	}
 	self0 := selfCPU()
 	start := time.Now()
-	jobBytes, err := produce(ctx, cjs, o.jobs)
+	jobBytes, err := produce(ctx, cjs, o.jobs, o.rate, sent)
 	if err != nil {
 		return err
 	}
@@ -222,20 +234,26 @@ func run(o options) error {
 		return err
 	}
 	n := float64(o.jobs)
+	mu.Lock()
+	p50, p99 := percentiles(took)
+	mu.Unlock()
 	err = json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"jobs":                  o.jobs,
-		"workers":               o.workers,
-		"seconds":               elapsed.Seconds(),
-		"jobs_per_second":       n / elapsed.Seconds(),
-		"cpu_seconds":           self.Seconds(),
-		"cpu_per_job_us":        float64((self + cpu1 - cpu0).Microseconds()) / n,
-		"self_cpu_per_job_us":   float64(self.Microseconds()) / n,
-		"redis_calls_per_job":   float64(led.calls.Load()) / n,
-		"pull_requests_per_job": float64(w.fetches.Load()) / n,
-		"refused":               w.refused.Load(),
-		"job_bytes":             jobBytes,
-		"jobs_left":             left,
-		"results_stored":        stored,
+		"offered_rate":             o.rate,
+		"publish_to_result_p50_ms": p50,
+		"publish_to_result_p99_ms": p99,
+		"jobs":                     o.jobs,
+		"workers":                  o.workers,
+		"seconds":                  elapsed.Seconds(),
+		"jobs_per_second":          n / elapsed.Seconds(),
+		"cpu_seconds":              self.Seconds(),
+		"cpu_per_job_us":           float64((self + cpu1 - cpu0).Microseconds()) / n,
+		"self_cpu_per_job_us":      float64(self.Microseconds()) / n,
+		"redis_calls_per_job":      float64(led.calls.Load()) / n,
+		"pull_requests_per_job":    float64(w.fetches.Load()) / n,
+		"refused":                  w.refused.Load(),
+		"job_bytes":                jobBytes,
+		"jobs_left":                left,
+		"results_stored":           stored,
 	})
 	cancel()
 	bg.Wait()
@@ -354,16 +372,23 @@ type result struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// produce publishes n jobs as fast as JetStream takes them, and waits for
-// their acknowledgements. It returns the size of a job.
-func produce(ctx context.Context, js jetstream.JetStream, n int) (size int, err error) {
+// produce publishes n jobs as fast as JetStream takes them, or rate a
+// second, noting when each was sent, and waits for their
+// acknowledgements. It returns the size of a job.
+func produce(ctx context.Context, js jetstream.JetStream, n, rate int, sent []atomic.Int64) (size int, err error) {
 	req := request{
 		Pool: "default", Command: []string{"true"},
 		Resources: map[string]string{"cpu": "100m", "memory": "64Mi"},
 		Timeout:   "1h0m0s", MaxAttempts: 3, Labels: map[string]string{"bench": "jsloop"},
 		Trace: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 	}
+	begin := time.Now()
 	for i := range n {
+		if rate > 0 {
+			if d := time.Until(begin.Add(time.Duration(i) * time.Second / time.Duration(rate))); d > 0 {
+				time.Sleep(d)
+			}
+		}
 		req.ID = fmt.Sprintf("%026d", i) // as long as the fleet's ids
 		req.SubmittedAt = time.Now().UTC()
 		data, err := json.Marshal(&req)
@@ -374,6 +399,7 @@ func produce(ctx context.Context, js jetstream.JetStream, n int) (size int, err 
 		m := nats.NewMsg(jobsSubject)
 		m.Data = data
 		m.Header.Set(jetstream.MsgIDHeader, req.ID)
+		sent[i].Store(time.Now().UnixNano())
 		if _, err := js.PublishMsgAsync(m); err != nil {
 			return 0, fmt.Errorf("publish job %d: %w", i, err)
 		}
@@ -500,6 +526,25 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 	if err := msg.Ack(); err != nil {
 		w.fail(fmt.Errorf("ack: %w", err))
 	}
+}
+
+// percentiles are the median and the 99th percentile of ds, in
+// milliseconds, computed as fleetctl bench computes them.
+func percentiles(ds []time.Duration) (p50, p99 float64) {
+	var v []time.Duration
+	for _, d := range ds {
+		if d > 0 {
+			v = append(v, d)
+		}
+	}
+	if len(v) == 0 {
+		return 0, 0
+	}
+	slices.Sort(v)
+	at := func(p float64) float64 {
+		return float64(v[min(len(v)-1, int(p*float64(len(v))))].Microseconds()) / 1000
+	}
+	return at(0.50), at(0.99)
 }
 
 // selfCPU is the CPU time this process has used (getrusage).
