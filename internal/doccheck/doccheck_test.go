@@ -119,7 +119,7 @@ func TestSlug(t *testing.T) {
 
 // TestExampleRequests runs every example request of the README and of
 // docs/ (a ```json block with a "command", a schedule whose template has
-// one, or a request with a "command"
+// one, a run whose nodes' jobs have one, or a request with a "command"
 // given on a command line to echo or nats) through the dispatcher's strict
 // decoder and Validate, as the schema fixtures are: an example that the
 // fleet would refuse fails here.
@@ -191,6 +191,18 @@ func TestExampleRequestsCanFail(t *testing.T) {
 	if err := checkRequest([]byte(`{"command": ["true"]}`)); err != nil {
 		t.Errorf("the smallest request is refused: %v", err)
 	}
+	for _, doc := range []string{
+		`{"nodes": [{"id": "a", "after": ["b"], "job": {"command": ["true"]}}]}`,
+		`{"nodes": [{"id": "a", "job": {"command": ["true"], "priority": 9}}]}`,
+		`{"nodes": [{"id": "a", "job": {"command": ["true"]}}], "no_such_field": 1}`,
+	} {
+		if err := checkRequest([]byte(doc)); err == nil {
+			t.Errorf("the run %s: accepted", doc)
+		}
+	}
+	if err := checkRequest([]byte(`{"nodes": [{"id": "a", "job": {"command": ["true"]}}]}`)); err != nil {
+		t.Errorf("the smallest run is refused: %v", err)
+	}
 }
 
 // echoed finds a request given on a command line: echo '{...}' | fleetctl
@@ -203,6 +215,15 @@ func checkRequest(data []byte) error {
 	}
 	var probe struct {
 		Template json.RawMessage `json:"template"`
+		Nodes    json.RawMessage `json:"nodes"`
+	}
+	if json.Unmarshal(data, &probe) == nil && probe.Nodes != nil {
+		// A run: checked whole, each node's job as a request.
+		r, err := job.DecodeRunRequest(data, job.RunLimits{})
+		if err != nil {
+			return err
+		}
+		return r.Validate(job.Limits{}, job.RunLimits{})
 	}
 	if json.Unmarshal(data, &probe) == nil && probe.Template != nil {
 		// A schedule: its template is a request, checked as one.

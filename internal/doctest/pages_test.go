@@ -65,7 +65,7 @@ func labelled(t *testing.T) []string {
 // deploy/**/README.md has an info string, every mark a reason; and every
 // page with a sh block that runs has a test of its own here.
 func TestEveryBlockIsLabelled(t *testing.T) {
-	tested := []string{"README.md", "docs/clients.md", "docs/schedules.md", "docs/sharing.md", "deploy/nats/README.md"}
+	tested := []string{"README.md", "docs/clients.md", "docs/runs.md", "docs/schedules.md", "docs/sharing.md", "deploy/nats/README.md"}
 	for _, page := range labelled(t) {
 		blocks, err := doctest.Parse(filepath.Join(root(t), page))
 		if err != nil {
@@ -270,10 +270,11 @@ func TestTheREADMERunsAsWritten(t *testing.T) {
 // TestPagesRunAsWritten runs, each against a running fleet, the pages
 // whose commands need one and nothing else: docs/clients.md (the nats
 // CLI's requests, subscriptions and reads, fleetctl's watch),
-// docs/schedules.md (fleetctl schedule, with the page's schedule and
-// request as the files they read) and docs/sharing.md (fleetctl pool).
+// docs/runs.md (a run's rules, its retry, a node's job), docs/schedules.md
+// (fleetctl schedule, with the page's schedule and request as the files
+// they read) and docs/sharing.md (fleetctl pool).
 func TestPagesRunAsWritten(t *testing.T) {
-	for _, page := range []string{"docs/clients.md", "docs/schedules.md", "docs/sharing.md"} {
+	for _, page := range []string{"docs/clients.md", "docs/runs.md", "docs/schedules.md", "docs/sharing.md"} {
 		t.Run(filepath.Base(page), func(t *testing.T) {
 			f := newFleetEnv(t)
 			r := runner(t, f)
