@@ -499,6 +499,19 @@ func (c *Cluster) Connect(t testing.TB) *nats.Conn {
 	return nc
 }
 
+// ConnectTo returns a client connection to server i (the client may move
+// to the others it learns of, should i go away), closed when the test
+// ends.
+func (c *Cluster) ConnectTo(t testing.TB, i int) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(c.URL(i), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect to %s: %v", c.Name(i), err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 func (c *Cluster) conn() (*nats.Conn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

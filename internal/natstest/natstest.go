@@ -23,6 +23,15 @@ type Server struct {
 // Options tweak the server before it starts.
 type Option func(*server.Options)
 
+// WithUser adds a user, its password and what it may publish and
+// subscribe to (nil: anything). Once a server has a user, every client
+// must name one (see ConnectAs).
+func WithUser(name, password string, p *server.Permissions) Option {
+	return func(o *server.Options) {
+		o.Users = append(o.Users, &server.User{Username: name, Password: password, Permissions: p})
+	}
+}
+
 // Run starts a server that stops when the test ends.
 func Run(t testing.TB, opts ...Option) *Server {
 	t.Helper()
@@ -77,6 +86,18 @@ func (s *Server) Connect(t testing.TB) *nats.Conn {
 	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// ConnectAs returns a client connection as user name (see WithUser),
+// closed when the test ends.
+func (s *Server) ConnectAs(t testing.TB, name, password string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), nats.UserInfo(name, password), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", name, err)
 	}
 	t.Cleanup(nc.Close)
 	return nc
