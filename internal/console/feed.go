@@ -315,35 +315,49 @@ func (f *feed) read(ctx context.Context, pool string, from uint64) (uint64, erro
 		defer cancel()
 		_ = f.js.DeleteConsumer(ctx, stream, cons.CachedInfo().Name)
 	}()
+	// The consumer says at its creation how many versions it has: the
+	// read is caught up once it has them all. A fetch that brings none
+	// before them (a server that does not answer) ends the read short,
+	// and the next listing reads again from where it was.
+	want := cons.CachedInfo().NumPending
 	end, delivered := from-1, uint64(0)
-	for ctx.Err() == nil {
-		batch, err := cons.FetchNoWait(1000)
+	for delivered < want {
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		batch, err := cons.Fetch(int(min(1000, want-delivered)), jetstream.FetchContext(fctx))
 		if err != nil {
+			cancel()
 			return end, err
 		}
 		var us []Update
-		done := true
+		got := 0
 		for m := range batch.Messages() {
+			got++
 			meta, err := m.Metadata()
 			if err != nil {
+				cancel()
 				return end, err
 			}
 			if meta.Sequence.Consumer != delivered+1 {
+				cancel()
 				return end, fmt.Errorf("pool %s: a gap in the consumer's deliveries", pool)
 			}
 			delivered, end = meta.Sequence.Consumer, max(end, meta.Sequence.Stream)
 			if _, k, ok := f.names.ParsePoolJob(m.Subject()); ok {
 				us = append(us, Update{Key: k, Data: m.Data(), Seq: meta.Sequence.Stream})
 			}
-			done = meta.NumPending == 0
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		err = batch.Error()
+		cancel()
+		f.applyAll(us)
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
 			return end, err
 		}
-		f.applyAll(us)
-		if done {
-			return end, nil
+		if ctx.Err() != nil {
+			return end, ctx.Err()
+		}
+		if got == 0 {
+			return end, fmt.Errorf("pool %s: read %d of the %d versions its consumer announced", pool, delivered, want)
 		}
 	}
-	return end, ctx.Err()
+	return end, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/fleettest"
@@ -193,4 +194,41 @@ func TestFeedReplaysFollowsAndCatchesUp(t *testing.T) {
 			})
 		}
 	})
+}
+
+// A pool's read whose fetches nobody answers is not taken for caught up.
+// The console's user may create consumers but not pull from them: the
+// read fails, and the pool stays behind, to be read again at the next
+// listing, where it once returned as if the pool had nothing past where
+// it began.
+func TestAPoolReadWhoseFetchesGoUnansweredIsNotCaughtUp(t *testing.T) {
+	srv := natstest.Run(t,
+		natstest.WithUser("admin", "admin", nil),
+		natstest.WithUser("console", "console", &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>"}, Deny: []string{"$JS.API.CONSUMER.MSG.NEXT.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		}))
+	ctx := context.Background()
+	js, _ := jetstream.New(srv.ConnectAs(t, "admin", "admin"))
+	f := &feedFleet{js: js, jobs: queue.NewJobs(js, queue.Names{})}
+	if err := queue.Setup(ctx, js, f.cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := queue.EnsurePoolStream(ctx, js, f.cfg, "default", nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		f.run(t, "acme", "default", fmt.Sprint("j-", i), false)
+	}
+	// Read by a user who may pull, the pool's nine versions are all there.
+	admin := newFeed(js, queue.Names{}, NewIndex(time.Hour, 1000), fleettest.Logger(t))
+	if end, err := admin.read(ctx, "default", 1); err != nil || admin.index.Len() != 3 {
+		t.Fatalf("read by a user who may pull: %d jobs, end %d (%v)", admin.index.Len(), end, err)
+	}
+	cjs, _ := jetstream.New(srv.ConnectAs(t, "console", "console"))
+	fd := newFeed(cjs, queue.Names{}, NewIndex(time.Hour, 1000), fleettest.Logger(t))
+	end, err := fd.read(ctx, "default", 1)
+	if err == nil {
+		t.Fatalf("a read whose fetches went unanswered ended at %d with no error, %d jobs in the index", end, fd.index.Len())
+	}
 }
