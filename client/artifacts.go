@@ -57,7 +57,7 @@ func (c *Client) uploadsBucket(ctx context.Context) (string, error) {
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// The bucket is made once: asking again changes nothing (see ask).
-	m, err := c.ask(ctx, c.names.UploadsRequest(c.tenant), nil, sendUntilDone)
+	m, err := c.ask(ctx, c.names.UploadsRequest(c.tenant), nil, sendAgain)
 	if err != nil {
 		return "", fmt.Errorf("the uploads bucket of tenant %s: %w", c.tenant, err)
 	}

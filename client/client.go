@@ -250,13 +250,12 @@ const (
 	// sendOnce: a request a second copy of which would act again (a
 	// cancel, a dead letter's retry, a schedule's create).
 	sendOnce resend = iota
-	// sendAgain: a read, sent again when no answer came within tryWait.
+	// sendAgain: a read, or a request that sets a state (a second time
+	// changes nothing), sent again when no answer came within tryWait and
+	// when the answer says the fleet cannot carry it out for a while
+	// (retry: a stream or the pools bucket electing a leader, a read of
+	// the pool's stream that did not come back whole).
 	sendAgain
-	// sendUntilDone: a request that sets a state (a second time changes
-	// nothing), sent again when no answer came within tryWait and when
-	// the answer says the fleet cannot carry it out for a while (retry:
-	// the pools bucket electing a leader).
-	sendUntilDone
 )
 
 // ask sends a request to the dispatchers and returns the answer, sending
@@ -271,7 +270,7 @@ func (c *Client) ask(ctx context.Context, subject string, body []byte, r resend)
 		defer cancel()
 		m, err = c.nc.RequestWithContext(try, subject, body)
 		switch {
-		case err == nil && r == sendUntilDone:
+		case err == nil && r == sendAgain:
 			var e job.ErrorReply
 			if json.Unmarshal(m.Data, &e) == nil && e.Retry {
 				return fmt.Errorf("%w: %s", ErrUnavailable, e.Error)
@@ -289,9 +288,9 @@ func (c *Client) ask(ctx context.Context, subject string, body []byte, r resend)
 
 // request sends one of the tenant's requests about job id to the
 // dispatchers (see ask: a read, status or history, is sent again when its
-// answer does not come; a cancel or a retry is not) and decodes the answer into v, until ctx ends
-// (10 seconds without a deadline); an answer that does not come is an
-// error.
+// answer does not come or says to try again; a cancel or a retry is not)
+// and decodes the answer into v, until ctx ends (10 seconds without a
+// deadline); an answer that does not come is an error.
 func (c *Client) request(ctx context.Context, verb, id string, v any) error {
 	if !job.ValidID(id) {
 		return fmt.Errorf("%w: %q is not a job id", ErrNotFound, id)

@@ -163,3 +163,35 @@ func TestAPoolRequestRefusedForAWhileIsSentAgain(t *testing.T) {
 		t.Errorf("a resume refused for good was sent %d times, want once", (n-3)/100)
 	}
 }
+
+// A read the fleet cannot answer for a while (an answer that says try
+// again: the pool's stream electing a leader, a history that did not come
+// back whole) is asked again until it is answered, within its context.
+// Before, History returned the first answer's error.
+func TestAReadTheFleetCannotAnswerForAWhileIsAskedAgain(t *testing.T) {
+	fleet, c := fleetAndClient(t)
+	var heard atomic.Int32
+	sub, err := fleet.Subscribe("fleet.t.default.history.h", func(m *nats.Msg) {
+		if heard.Add(1) <= 2 {
+			_ = m.Respond([]byte(`{"error":"the fleet cannot answer now: history failed; try again","retry":true}`))
+			return
+		}
+		_ = m.Respond([]byte(`{"records":[{"id":"h","pool":"default","state":"queued"}],"seqs":[7]}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := fleet.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := c.History(ctx, "h")
+	if err != nil || len(h.Records) != 1 || h.Records[0].ID != "h" || len(h.Seqs) != 1 || h.Seqs[0] != 7 {
+		t.Fatalf("history: %+v, %v (requests heard: %d)", h, err, heard.Load())
+	}
+	if n := heard.Load(); n != 3 {
+		t.Errorf("heard %d requests, want 3 (two told to try again)", n)
+	}
+}

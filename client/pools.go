@@ -56,7 +56,7 @@ func (c *Client) poolRequest(ctx context.Context, pool, verb string, change *job
 
 // poolCall sends a request about a pool and decodes its answer. Every
 // verb sets or reads the pool's state (pausing a paused pool, or setting
-// the policy it has, changes nothing), so it is sent until done (see ask),
+// the policy it has, changes nothing), so it is sent again as a read is (see ask),
 // until ctx ends (10 seconds without a deadline).
 func (c *Client) poolCall(ctx context.Context, pool, verb string, body []byte) (*job.PoolState, error) {
 	if !job.ValidPool(pool) {
@@ -64,7 +64,7 @@ func (c *Client) poolCall(ctx context.Context, pool, verb string, body []byte) (
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m, err := c.ask(ctx, c.names.Pool(pool, verb), body, sendUntilDone)
+	m, err := c.ask(ctx, c.names.Pool(pool, verb), body, sendAgain)
 	if err != nil {
 		return nil, fmt.Errorf("%s pool %s: %w", verb, pool, err)
 	}
