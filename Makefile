@@ -1,5 +1,6 @@
 # Fleet. The two commands for a fresh machine are `make demo` and `make test`.
 
+SHELL     := bash
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/fleet-dev/fleet/internal/version.Version=$(VERSION)
@@ -35,13 +36,19 @@ demo: build
 ## the failover tests, which bound in seconds what a job waits through NATS servers killed,
 ## run alone once the rest is done, and so do the console's, in Chromium: Chromium fails the
 ## connections it is making whenever the host's addresses change, which other tests' Docker
-## networks and containers do
+## networks and containers do. The output is a plain go test's (hack/testlog reads -json), and
+## the slowest twenty tests are printed at the end.
 FAILOVER := ./internal/e2e/failover
 CONSOLE := ./internal/console
+TESTTIMES ?= $(or $(TMPDIR),/tmp)/fleet-test-times
+TESTLOG := $(BIN)/testlog
 test: lint
-	$(GO) test $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/internal/e2e/failover$$' -e '/internal/console$$')
-	$(GO) test $(TESTFLAGS) $(CONSOLE)
-	$(GO) test $(TESTFLAGS) $(FAILOVER)
+	@rm -f $(TESTTIMES)
+	$(GO) build -o $(TESTLOG) ./hack/testlog
+	set -o pipefail; $(GO) test -json $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/internal/e2e/failover$$' -e '/internal/console$$') | $(TESTLOG) -times $(TESTTIMES)
+	set -o pipefail; $(GO) test -json $(TESTFLAGS) $(CONSOLE) | $(TESTLOG) -times $(TESTTIMES)
+	set -o pipefail; $(GO) test -json $(TESTFLAGS) $(FAILOVER) | $(TESTLOG) -times $(TESTTIMES)
+	@$(TESTLOG) -slowest 20 $(TESTTIMES)
 
 ## bench: Go benchmarks of the hot paths (with BenchmarkFirstJobOfNewTenant: a new tenant's first job beside an established tenant's, submission to start; BenchmarkSchedules: 1,000 schedules every second for a minute, FLEET_BENCH_SCHEDULES_FOR=10s for a quick try), the load test through the whole fleet, sharing a pool (one and ten tenants) against the fleet of before, Kubernetes against the bare Job cycle, then artifacts (upload vs a raw Put, log archiving on vs off)
 bench: build
@@ -74,10 +81,12 @@ fuzz:
 	  done; \
 	done
 
-## lint: formatting and vet
+## lint: formatting and vet, and no tracked file over 1 MiB (a binary or build output committed by mistake)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@big=$$(git ls-files -z 2>/dev/null | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 { print $$2 }'); \
+	  if [ -n "$$big" ]; then echo "tracked files over 1 MiB (build output? keep it out and in .gitignore):"; echo "$$big"; exit 1; fi
 	$(GO) vet ./...
 
 clean:
