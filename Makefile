@@ -8,7 +8,7 @@ BIN       := bin
 TESTFLAGS ?= -race -count=1 -timeout 45m
 IMAGE     ?= fleet:dev
 
-.PHONY: all build demo test bench bench-console bench-failover lint fuzz image image-release tools screenshots clean
+.PHONY: all build demo test flakes bench bench-console bench-failover lint fuzz image image-release tools screenshots clean
 
 all: build
 
@@ -57,6 +57,10 @@ bench: build
 	./scripts/bench-sharing.sh
 	./scripts/bench-kube.sh
 	./scripts/bench-artifacts.sh
+
+## flakes: the tests of PKGS (RUN: those matching) RUNS times (20) as make test runs them, LOAD=1 beside a load; every failure counted. Run it on each new test before it lands
+flakes:
+	./scripts/flakes.sh -n $(or $(RUNS),20) $(if $(RUN),-r '$(RUN)') $(if $(LOAD),-l) $(PKGS)
 
 ## bench-failover: the chaos and failover tests RUNS times (3), held to the one-result work's latency and throughput targets, each run printed
 bench-failover:
