@@ -465,11 +465,10 @@ func (s RunState) Final() bool { return s == RunSucceeded || s == RunFailed || s
 // nodes it comes after.
 const NodeWaiting State = "waiting"
 
-// RunSubmitReply answers a run's submission (the answer schema
-// run-request.v1 describes; no schema of its own): the run's id and
-// state, with Duplicate set when a run with that id existed already (and
-// was not run again), or Error when the run was refused, with every
-// problem.
+// RunSubmitReply answers a run's submission (schema run-answer.v1,
+// submit_reply): the run's id and state, with Duplicate set when a run
+// with that id existed already (and was not run again), or Error when the
+// run was refused, with every problem.
 type RunSubmitReply struct {
 	RunID     string   `json:"run_id,omitempty"`
 	Tenant    string   `json:"tenant,omitempty"`
@@ -487,7 +486,7 @@ func (r *RunSubmitReply) Rejected() bool { return r.Error != "" }
 // RunView is what the fleet knows of a run: its definition, round, state,
 // and each node's state as it stands: the answer to a run's status,
 // <prefix>.t.<tenant>.runs.status.<run>, made from the run's messages
-// (schema run-record.v1); no schema of its own.
+// (schema run-answer.v1, view).
 type RunView struct {
 	RunID       string            `json:"run_id"`
 	Tenant      string            `json:"tenant"`
@@ -603,9 +602,9 @@ type NodeState struct {
 	Code  FailureCode `json:"code,omitempty"`
 }
 
-// RunReply answers a cancel or a retry of a run: the round it is about,
-// whether it was cancelled, the nodes a retry runs again, and what
-// happened, in words.
+// RunReply answers a cancel or a retry of a run (schema run-answer.v1,
+// reply): the round it is about, whether it was cancelled, the nodes a
+// retry runs again, and what happened, in words.
 type RunReply struct {
 	RunID     string   `json:"run_id"`
 	Round     int      `json:"round"`
@@ -614,7 +613,8 @@ type RunReply struct {
 	Message   string   `json:"message,omitempty"`
 }
 
-// RunList answers a list of a tenant's runs: their ids, oldest first.
+// RunList answers a list of a tenant's runs (schema run-answer.v1, list):
+// their ids, oldest first.
 type RunList struct {
 	Runs []string `json:"runs"`
 }

@@ -126,3 +126,24 @@ func sampleRunEnd() *job.RunEnd {
 			{ID: "index", JobID: job.RunJobID("nightly", "index", 2), Pool: "batch", State: job.StateFailed, Code: job.CodeExitCode},
 		}}
 }
+
+func sampleRunSubmitReply() *job.RunSubmitReply {
+	return &job.RunSubmitReply{RunID: "nightly", Tenant: "acme", State: job.RunRunning, Nodes: 3, Duplicate: true}
+}
+
+func sampleRunView() *job.RunView {
+	done := t0.Add(time.Minute)
+	return &job.RunView{RunID: "nightly", Tenant: "acme", State: job.RunRunning, Round: 2, Labels: map[string]string{"team": "search"},
+		SubmittedAt: t0, FinishedAt: &done, CancelRequested: true,
+		Nodes: []job.NodeView{
+			{ID: "fetch", Pool: "default", JobID: job.RunJobID("nightly", "fetch", 1), State: job.StateSucceeded, Round: 1},
+			{ID: "index", After: []string{"fetch"}, When: job.WhenAllSucceeded, Pool: "batch", JobID: job.RunJobID("nightly", "index", 2),
+				State: job.StateFailed, Code: job.CodeExitCode, Round: 2},
+			{ID: "report", After: []string{"index"}, When: job.WhenAllDone, Pool: "default", JobID: job.RunJobID("nightly", "report", 2),
+				State: job.NodeWaiting, WaitingFor: []string{"index"}},
+		}}
+}
+
+func sampleRunReply() *job.RunReply {
+	return &job.RunReply{RunID: "nightly", Round: 2, Cancelled: true, Retried: []string{"index", "report"}, Message: "round 2 runs 2 nodes again"}
+}

@@ -29,7 +29,9 @@ import (
 // event, result and heartbeat are v1 documents, request-v2 and so on v2;
 // run-request is a run as submitted, and run-definition, run-node-ended,
 // run-cancel, run-retry and run-end are the messages of a run, each one
-// of the $defs of run-record.v1 (runMessages).
+// of the $defs of run-record.v1 (runMessages); run-submit-reply, run-view,
+// run-reply and run-list are the answers a tenant reads about its runs,
+// each one of the $defs of run-answer.v1.
 
 // schemaOf is the schema of each kind of fixture.
 var schemaOf = map[string]string{
@@ -47,11 +49,23 @@ var schemaOf = map[string]string{
 	"run-cancel":     schemas.RunRecord + "#/$defs/cancel",
 	"run-retry":      schemas.RunRecord + "#/$defs/retry",
 	"run-end":        schemas.RunRecord + "#/$defs/end",
+
+	"run-submit-reply": schemas.RunAnswer + "#/$defs/submit_reply",
+	"run-view":         schemas.RunAnswer + "#/$defs/view",
+	"run-reply":        schemas.RunAnswer + "#/$defs/reply",
+	"run-list":         schemas.RunAnswer + "#/$defs/list",
 }
 
 // runMessages are the kinds of the messages of a run, which run-record.v1
 // holds all of.
 var runMessages = []string{"run-definition", "run-node-ended", "run-cancel", "run-retry", "run-end"}
+
+// answers are the kinds the fleet writes and only clients read: Go
+// decodes them as a client does and has no checks of its own, so their
+// invalid fixtures are the schema's to refuse (what the fleet writes is
+// held to the schema by TestGoDocumentsMatchSchemas, and by the outside
+// client's test of the dispatcher's answers).
+var answers = map[string]bool{"run-submit-reply": true, "run-view": true, "run-reply": true, "run-list": true}
 
 // writtenAs is the kind of what Go writes back of a kind, where it is not
 // the same: the fleet writes v2 requests (Normalize fills in a priority,
@@ -165,8 +179,29 @@ func goDecode(kind string, data []byte) ([]byte, error) {
 		return reencode(job.DecodeRunRetry(data))
 	case "run-end":
 		return reencode(job.DecodeRunEnd(data))
+	case "run-submit-reply":
+		return reencode(decodeAnswer[job.RunSubmitReply](data))
+	case "run-view":
+		return reencode(decodeAnswer[job.RunView](data))
+	case "run-reply":
+		return reencode(decodeAnswer[job.RunReply](data))
+	case "run-list":
+		return reencode(decodeAnswer[job.RunList](data))
 	}
 	panic(kind)
+}
+
+// decodeAnswer decodes an answer as a client does, refusing a field the Go
+// type does not have: the answers have no decoder of their own, and their
+// checks are the schema's.
+func decodeAnswer[T any](data []byte) (*T, error) {
+	var v T
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return &v, nil
 }
 
 // reencode is what a decoder wrote back: v encoded, unless err.
@@ -222,7 +257,7 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 				if sErr == nil {
 					t.Error("schema accepted an invalid document")
 				}
-				if gErr == nil {
+				if gErr == nil && !answers[kind] {
 					t.Error("Go accepted an invalid document")
 				}
 			case "semantic":
@@ -245,7 +280,9 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 		"run-definition/valid", "run-definition/invalid", "run-definition/semantic",
 		"run-node-ended/valid", "run-node-ended/invalid", "run-node-ended/semantic",
 		"run-cancel/valid", "run-cancel/invalid", "run-retry/valid", "run-retry/invalid",
-		"run-end/valid", "run-end/invalid", "run-end/semantic"} {
+		"run-end/valid", "run-end/invalid", "run-end/semantic",
+		"run-submit-reply/valid", "run-submit-reply/invalid", "run-view/valid", "run-view/invalid",
+		"run-reply/valid", "run-reply/invalid", "run-list/valid", "run-list/invalid"} {
 		if counts[k] == 0 {
 			t.Errorf("no fixtures in %s", k)
 		}
@@ -333,6 +370,11 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		{"run-cancel", sampleRunCancel()},
 		{"run-retry", sampleRunRetry()},
 		{"run-end", sampleRunEnd()},
+		{"run-submit-reply", sampleRunSubmitReply()},
+		{"run-submit-reply", &job.RunSubmitReply{RunID: "nightly", Error: "the run is refused", Problems: []string{"nodes[1].after: no node x"}}},
+		{"run-view", sampleRunView()},
+		{"run-reply", sampleRunReply()},
+		{"run-list", &job.RunList{Runs: []string{"nightly", "weekly"}}},
 	} {
 		fieldsSet(reflect.ValueOf(c.doc), set)
 		data, err := json.Marshal(c.doc)
@@ -349,7 +391,9 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 	for _, typ := range []reflect.Type{reflect.TypeFor[job.RunRequest](), reflect.TypeFor[job.RunNode](),
 		reflect.TypeFor[job.OutputOf](), reflect.TypeFor[job.RunRecord](), reflect.TypeFor[job.RunNodeRecord](),
 		reflect.TypeFor[job.NodeEnded](), reflect.TypeFor[job.RunCancel](), reflect.TypeFor[job.RunRetry](),
-		reflect.TypeFor[job.RunEnd](), reflect.TypeFor[job.NodeState]()} {
+		reflect.TypeFor[job.RunEnd](), reflect.TypeFor[job.NodeState](), reflect.TypeFor[job.RunSubmitReply](),
+		reflect.TypeFor[job.RunView](), reflect.TypeFor[job.NodeView](), reflect.TypeFor[job.RunReply](),
+		reflect.TypeFor[job.RunList]()} {
 		for _, f := range reflect.VisibleFields(typ) {
 			if !set[typ.Name()+"."+f.Name] {
 				t.Errorf("no sample sets %s.%s", typ.Name(), f.Name)

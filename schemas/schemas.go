@@ -35,6 +35,10 @@ const (
 	// its definition, the ends of its nodes, its cancels, retries and
 	// ends, each one of the schema's $defs.
 	RunRecord = "run-record.v1.json"
+	// RunAnswer is what the dispatchers answer a tenant about its runs:
+	// a submission's reply, a run's view, a cancel's or a retry's reply,
+	// the list, each one of the schema's $defs.
+	RunAnswer = "run-answer.v1.json"
 )
 
 // BaseURL is the prefix of every schema's $id.

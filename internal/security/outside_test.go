@@ -15,9 +15,52 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/job"
+	"github.com/fleet-dev/fleet/schemas"
 )
+
+// schemaCheck returns a check of documents against the fleet's schema
+// (file, with a #/$defs/... fragment), compiled with every schema it may
+// refer to.
+func schemaCheck(t *testing.T, ref string) func(what string, data []byte) {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	entries, err := schemas.FS.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := schemas.FS.ReadFile(e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		if err := c.AddResource(schemas.BaseURL+e.Name(), doc); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+	}
+	s, err := c.Compile(schemas.BaseURL + ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(what string, data []byte) {
+		t.Helper()
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+		if err == nil {
+			err = s.Validate(doc)
+		}
+		if err != nil {
+			t.Errorf("%s is not a valid %s: %v\n%s", what, ref, err, data)
+		}
+	}
+}
 
 // natsRunner runs the nats CLI as a role, with its key and inbox prefix, and a
 // configuration folder of the test's own.
@@ -169,8 +212,9 @@ func hexSHA256(b []byte) string {
 // its nodes' results by their job ids. An operator reads the stored end
 // with `nats stream get FLEET_RUNS --last-for fleet.r.acme.<run>.end.1`,
 // which the tenant may not (it reads the runs' stream through a
-// dispatcher). Tenant default's producer has no such run, and may neither
-// ask about acme's nor hear it.
+// dispatcher). Each answer and message it reads is valid as its schema
+// says (run-answer.v1, run-record.v1). Tenant default's producer has no
+// such run, and may neither ask about acme's nor hear it.
 func TestAnOutsideClientFollowsARun(t *testing.T) {
 	bin := testenv.NatsCLI(t)
 	f := startFleet(t)
@@ -205,8 +249,10 @@ func TestAnOutsideClientFollowsARun(t *testing.T) {
 		`{"id":"a","job":{"pool":"gpu","command":["ok"],"outputs":["out.txt"]}},` +
 		`{"id":"b","after":["a"],"inputs_from":{"in.txt":{"node":"a","output":"out.txt"}},` +
 		`"job":{"pool":"default","command":["copy"],"outputs":["out.txt"]}}]}`
+	submitted := c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.submit", req)
+	schemaCheck(t, schemas.RunAnswer+"#/$defs/submit_reply")("the submission's reply", submitted)
 	var reply job.RunSubmitReply
-	if err := json.Unmarshal(c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.submit", req), &reply); err != nil ||
+	if err := json.Unmarshal(submitted, &reply); err != nil ||
 		reply.RunID != run || reply.Tenant != "acme" || reply.Nodes != 2 || reply.Duplicate || reply.Rejected() {
 		t.Fatalf("submit: %+v, %v", reply, err)
 	}
@@ -234,6 +280,7 @@ func TestAnOutsideClientFollowsARun(t *testing.T) {
 			t.Fatalf("a message as nats sub dumps it: %q: %v", sc.Text(), err)
 		}
 		subjects = append(subjects, m.Subject)
+		schemaCheck(t, schemas.RunRecord)(m.Subject, m.Data)
 		if m.Subject == "fleet.t.acme.run."+run+".end.1" {
 			if err := json.Unmarshal(m.Data, &end); err != nil {
 				t.Fatalf("the end: %q: %v", m.Data, err)
@@ -260,12 +307,29 @@ func TestAnOutsideClientFollowsARun(t *testing.T) {
 
 	// How the run stands, and node b's result by its job id: a's output
 	// was its input.
+	status := c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.status."+run, "")
+	schemaCheck(t, schemas.RunAnswer+"#/$defs/view")("the run's status", status)
 	var v job.RunView
-	if err := json.Unmarshal(c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.status."+run, ""), &v); err != nil ||
+	if err := json.Unmarshal(status, &v); err != nil ||
 		v.State != job.RunSucceeded || len(v.Nodes) != 2 || v.Nodes[0].JobID != run+":a" || v.Nodes[1].JobID != run+":b" ||
 		v.Nodes[0].State != job.StateSucceeded || v.Nodes[1].State != job.StateSucceeded {
 		t.Fatalf("the run's status: %+v, %v", v, err)
 	}
+	// The tenant's runs, and a retry of a run that succeeded: nothing to
+	// run again.
+	var l job.RunList
+	list := c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.list", "")
+	schemaCheck(t, schemas.RunAnswer+"#/$defs/list")("the runs list", list)
+	if err := json.Unmarshal(list, &l); err != nil || !slices.Equal(l.Runs, []string{run}) {
+		t.Fatalf("the runs list: %s, %v", list, err)
+	}
+	var rr job.RunReply
+	retried := c.run(t, acme, "req", "--raw", "fleet.t.acme.runs.retry."+run, "")
+	schemaCheck(t, schemas.RunAnswer+"#/$defs/reply")("the retry's reply", retried)
+	if err := json.Unmarshal(retried, &rr); err != nil || rr.RunID != run || rr.Round != 1 || len(rr.Retried) != 0 {
+		t.Fatalf("a retry of a run that succeeded: %s, %v", retried, err)
+	}
+
 	var rec job.Record
 	data := c.run(t, acme, "req", "--raw", "$JS.API.DIRECT.GET.FLEET_POOL_default.fleet.p.default.r.acme."+run+":b", "")
 	if err := json.Unmarshal(data, &rec); err != nil || rec.Result == nil || rec.Result.Outputs["out.txt"] != "hi" {
@@ -296,7 +360,9 @@ func TestAnOutsideClientFollowsARun(t *testing.T) {
 	// Tenant default has no run of that id, may not ask about acme's,
 	// nor hear it.
 	var e job.ErrorReply
-	if err := json.Unmarshal(c.run(t, roleProducer, "req", "--raw", "fleet.t.default.runs.status."+run, ""), &e); err != nil || !e.NotFound {
+	notFound := c.run(t, roleProducer, "req", "--raw", "fleet.t.default.runs.status."+run, "")
+	schemaCheck(t, schemas.RunAnswer+"#/$defs/error")("the answer about a run the tenant does not have", notFound)
+	if err := json.Unmarshal(notFound, &e); err != nil || !e.NotFound {
 		t.Fatalf("tenant default asked about its own run %s: %+v, %v", run, e, err)
 	}
 	for _, args := range [][]string{
