@@ -36,7 +36,7 @@ demo: build
 ## the failover tests, which bound in seconds what a job waits through NATS servers killed,
 ## run alone once the rest is done, and so do the console's, in Chromium: Chromium fails the
 ## connections it is making whenever the host's addresses change, which other tests' Docker
-## networks and containers do. The output is a plain go test's (hack/testlog reads -json), and
+## networks and containers do. The output is a plain go test's (internal/testlog reads -json), and
 ## the slowest twenty tests are printed at the end.
 FAILOVER := ./internal/e2e/failover
 CONSOLE := ./internal/console
@@ -44,7 +44,7 @@ TESTTIMES ?= $(or $(TMPDIR),/tmp)/fleet-test-times
 TESTLOG := $(BIN)/testlog
 test: lint
 	@rm -f $(TESTTIMES)
-	$(GO) build -o $(TESTLOG) ./hack/testlog
+	$(GO) build -o $(TESTLOG) ./internal/testlog
 	set -o pipefail; $(GO) test -json $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/internal/e2e/failover$$' -e '/internal/console$$') | $(TESTLOG) -times $(TESTTIMES)
 	set -o pipefail; $(GO) test -json $(TESTFLAGS) $(CONSOLE) | $(TESTLOG) -times $(TESTTIMES)
 	set -o pipefail; $(GO) test -json $(TESTFLAGS) $(FAILOVER) | $(TESTLOG) -times $(TESTTIMES)

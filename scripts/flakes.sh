@@ -30,7 +30,7 @@ shift $((OPTIND - 1))
 (($#)) || { sed -n '2,17p' "$0"; exit 2; }
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/flakes.XXXXXX")
-go build -o "$out/testlog" ./hack/testlog
+go build -o "$out/testlog" ./internal/testlog
 for pkg in "$@"; do
 	go test -race -c -o "$out/$(basename "$pkg").test" "$pkg" >/dev/null
 done

@@ -5,8 +5,8 @@
 // It exits 1 when a test, a package or a build failed, or when the input
 // ended with a package whose result never came (go test killed).
 //
-//	go test -json ./... | go run ./hack/testlog -times /tmp/times
-//	go run ./hack/testlog -slowest 20 /tmp/times
+//	go test -json ./... | go run ./internal/testlog -times /tmp/times
+//	go run ./internal/testlog -slowest 20 /tmp/times
 package main
 
 import (
