@@ -13,6 +13,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/fleet-dev/fleet/internal/schematest"
 	"github.com/fleet-dev/fleet/job"
 	"github.com/fleet-dev/fleet/schemas"
 )
@@ -72,34 +73,9 @@ var answers = map[string]bool{"run-submit-reply": true, "run-view": true, "run-r
 // which v1 has no field for).
 var writtenAs = map[string]string{"request": "request-v2"}
 
-// schemaCompiler is a compiler that holds every schema file.
-func schemaCompiler(t *testing.T) *jsonschema.Compiler {
-	t.Helper()
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	entries, err := schemas.FS.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		data, err := schemas.FS.ReadFile(e.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-		if err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-		if err := c.AddResource(schemas.BaseURL+e.Name(), doc); err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-	}
-	return c
-}
-
 func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
 	t.Helper()
-	c := schemaCompiler(t)
+	c := schematest.Compiler(t)
 	out := map[string]*jsonschema.Schema{}
 	for doc, file := range schemaOf {
 		s, err := c.Compile(schemas.BaseURL + file)
@@ -109,14 +85,6 @@ func compileSchemas(t *testing.T) map[string]*jsonschema.Schema {
 		out[doc] = s
 	}
 	return out
-}
-
-func schemaErr(s *jsonschema.Schema, data []byte) error {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-	if err != nil {
-		return err
-	}
-	return s.Validate(doc)
 }
 
 // goDecode runs the Go side of the boundary for one kind of document and
@@ -235,7 +203,7 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 			if !ok {
 				t.Fatalf("no schema for fixtures of %q", kind)
 			}
-			sErr := schemaErr(s, data)
+			sErr := schematest.Validate(s, data)
 			out, gErr := goDecode(kind, data)
 			switch expect {
 			case "valid":
@@ -249,7 +217,7 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 					if w, ok := writtenAs[kind]; ok {
 						s = compiled[w]
 					}
-					if err := schemaErr(s, out); err != nil {
+					if err := schematest.Validate(s, out); err != nil {
 						t.Errorf("schema refused what Go wrote back: %v\n%s", err, out)
 					}
 				}
@@ -319,7 +287,7 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := schemaErr(compiled[kind], data); err != nil {
+		if err := schematest.Validate(compiled[kind], data); err != nil {
 			t.Errorf("%s: %v\n%s", kind, err, data)
 		}
 	}
@@ -336,7 +304,7 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := schemaErr(compiled["record-v2"], data); err != nil {
+		if err := schematest.Validate(compiled["record-v2"], data); err != nil {
 			t.Errorf("record-v2 (%s): %v\n%s", rec.State, err, data)
 		}
 		if _, err := job.DecodeRecord(data); err != nil {
@@ -381,7 +349,7 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := schemaErr(compiled[c.kind], data); err != nil {
+		if err := schematest.Validate(compiled[c.kind], data); err != nil {
 			t.Errorf("%s: %v\n%s", c.kind, err, data)
 		}
 		if _, err := goDecode(c.kind, data); err != nil {
@@ -454,7 +422,7 @@ func TestV2SchemasKeepV1Rules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v1Err := schemaErr(compiled[c.v1], data)
+			v1Err := schematest.Validate(compiled[c.v1], data)
 			var doc map[string]any
 			if c.upgrade != nil && json.Unmarshal(data, &doc) == nil && doc != nil {
 				c.upgrade(doc)
@@ -462,7 +430,7 @@ func TestV2SchemasKeepV1Rules(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			v2Err := schemaErr(compiled[c.v2], data)
+			v2Err := schematest.Validate(compiled[c.v2], data)
 			if (v1Err == nil) != (v2Err == nil) {
 				t.Errorf("%s: %s says %v, %s says %v", f, c.v1, v1Err, c.v2, v2Err)
 			}
@@ -483,7 +451,7 @@ func TestEventV2NeedsTenant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := schemaErr(compiled["event-v2"], data); err == nil {
+		if err := schematest.Validate(compiled["event-v2"], data); err == nil {
 			t.Errorf("%s: the v2 schema accepted an event without a tenant", f)
 		}
 	}
@@ -510,7 +478,7 @@ func TestEventsOfRecordsMatchSchema(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := schemaErr(compiled["event-v2"], enc); err != nil {
+			if err := schematest.Validate(compiled["event-v2"], enc); err != nil {
 				t.Errorf("%s: event %s: %v\n%s", f, e.Type, err, enc)
 			}
 			if _, err := job.DecodeEvent(enc); err != nil {
@@ -577,8 +545,8 @@ func TestRunNodesJobsAreRequests(t *testing.T) {
 		}
 		n++
 		run := []byte(`{"id": "r", "nodes": [{"id": "a", "job": ` + string(data) + `}]}`)
-		reqErr := schemaErr(compiled["request-v2"], data)
-		runErr := schemaErr(compiled["run-request"], run)
+		reqErr := schematest.Validate(compiled["request-v2"], data)
+		runErr := schematest.Validate(compiled["run-request"], run)
 		if (reqErr == nil) != (runErr == nil) {
 			t.Errorf("%s: the request schema says %v, the run's says %v", f, reqErr, runErr)
 		}
@@ -605,7 +573,7 @@ func TestRunRequestNodeBoundMatchesGo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sErr := schemaErr(compiled["run-request"], data)
+		sErr := schematest.Validate(compiled["run-request"], data)
 		_, gErr := goDecode("run-request", data)
 		if (sErr == nil) != (n <= job.DefaultMaxRunNodes) || (gErr == nil) != (sErr == nil) {
 			t.Errorf("%d nodes: the schema says %v, Go %v", n, sErr, gErr)
@@ -618,7 +586,7 @@ func TestRunRequestNodeBoundMatchesGo(t *testing.T) {
 // other kind's.
 func TestRunRecordTellsItsMessagesApart(t *testing.T) {
 	compiled := compileSchemas(t)
-	whole, err := schemaCompiler(t).Compile(schemas.BaseURL + schemas.RunRecord)
+	whole, err := schematest.Compiler(t).Compile(schemas.BaseURL + schemas.RunRecord)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,11 +600,11 @@ func TestRunRecordTellsItsMessagesApart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := schemaErr(whole, data); err != nil {
+			if err := schematest.Validate(whole, data); err != nil {
 				t.Errorf("%s: not a run record: %v", f, err)
 			}
 			for _, other := range runMessages {
-				if other != kind && schemaErr(compiled[other], data) == nil {
+				if other != kind && schematest.Validate(compiled[other], data) == nil {
 					t.Errorf("%s: also valid as %s", f, other)
 				}
 			}

@@ -10,44 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
 	"github.com/fleet-dev/fleet/internal/fleettest"
+	"github.com/fleet-dev/fleet/internal/schematest"
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 	"github.com/fleet-dev/fleet/schemas"
 )
-
-// recordSchema compiles the job record's schema (job-record.v2) with the
-// schemas it refers to.
-func recordSchema(t *testing.T) *jsonschema.Schema {
-	t.Helper()
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	entries, err := schemas.FS.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		data, err := schemas.FS.ReadFile(e.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-		if err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-		if err := c.AddResource(schemas.BaseURL+e.Name(), doc); err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-	}
-	s, err := c.Compile(schemas.BaseURL + schemas.JobRecordV2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // TestADeadLetterCarriesItsFailure: a client that is not the fleet's Go
 // client, the nats CLI, reads an exhausted job's dead letter from
@@ -68,7 +37,7 @@ func TestADeadLetterCarriesItsFailure(t *testing.T) {
 		t.Fatalf("result: %s after %d attempts, %+v", r.Status, r.Attempts, r.Failure)
 	}
 
-	schema := recordSchema(t)
+	schema := schematest.Compile(t, schemas.JobRecordV2)
 	subject := "fleet.dlq.default.default." + id
 	for _, read := range []struct {
 		name string
@@ -98,11 +67,7 @@ func TestADeadLetterCarriesItsFailure(t *testing.T) {
 		if body == nil {
 			t.Fatalf("%s printed no document:\n%s", read.name, out)
 		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", read.name, err, body)
-		}
-		if err := schema.Validate(doc); err != nil {
+		if err := schematest.Validate(schema, body); err != nil {
 			t.Errorf("%s: the dead letter is not a job-record.v2: %v\n%s", read.name, err, body)
 		}
 		var dl job.Record

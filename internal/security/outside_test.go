@@ -15,48 +15,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
+	"github.com/fleet-dev/fleet/internal/schematest"
 	"github.com/fleet-dev/fleet/internal/testenv"
 	"github.com/fleet-dev/fleet/job"
 	"github.com/fleet-dev/fleet/schemas"
 )
 
 // schemaCheck returns a check of documents against the fleet's schema
-// (file, with a #/$defs/... fragment), compiled with every schema it may
-// refer to.
+// ref (a file of package schemas, with a #/$defs/... fragment).
 func schemaCheck(t *testing.T, ref string) func(what string, data []byte) {
 	t.Helper()
-	c := jsonschema.NewCompiler()
-	c.AssertFormat()
-	entries, err := schemas.FS.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		data, err := schemas.FS.ReadFile(e.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-		if err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-		if err := c.AddResource(schemas.BaseURL+e.Name(), doc); err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-	}
-	s, err := c.Compile(schemas.BaseURL + ref)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := schematest.Compile(t, ref)
 	return func(what string, data []byte) {
 		t.Helper()
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-		if err == nil {
-			err = s.Validate(doc)
-		}
-		if err != nil {
+		if err := schematest.Validate(s, data); err != nil {
 			t.Errorf("%s is not a valid %s: %v\n%s", what, ref, err, data)
 		}
 	}
