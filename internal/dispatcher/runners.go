@@ -35,40 +35,45 @@ func (r *runners) close() {
 	r.wg.Wait()
 }
 
-// try runs f on an idle runner, or a new one while there are fewer than
-// max; false, with f not run, when all max are busy.
+// try runs f on an idle runner (one is taken before a new one is made),
+// or a new one while there are fewer than max; false, with f not run, when
+// all max are busy.
 func (r *runners) try(f func()) bool {
 	select {
 	case r.work <- f:
 		return true
+	default:
+	}
+	select {
+	case r.work <- f:
 	case r.sema <- struct{}{}:
-		r.wg.Add(1)
-		go r.loop(f)
-		return true
+		r.start(f)
 	default:
 		return false
 	}
+	return true
 }
 
-// run runs f on an idle runner, or a new one while there are fewer than
-// max, or waits for one to be free; false, with f not run, when ctx ends
-// first.
+// run is try, waiting for a runner to be free while all max are busy;
+// false, with f not run, when ctx ends first.
 func (r *runners) run(ctx context.Context, f func()) bool {
-	select {
-	case r.work <- f:
+	if r.try(f) {
 		return true
-	default:
 	}
 	select {
 	case r.work <- f:
-		return true
 	case r.sema <- struct{}{}:
-		r.wg.Add(1)
-		go r.loop(f)
-		return true
+		r.start(f)
 	case <-ctx.Done():
 		return false
 	}
+	return true
+}
+
+// start runs f on a new runner, which holds a value of sema.
+func (r *runners) start(f func()) {
+	r.wg.Add(1)
+	go r.loop(f)
 }
 
 func (r *runners) loop(f func()) {
