@@ -377,7 +377,7 @@ func DecodeDef(data []byte, tenant, run string) (*job.RunRecord, error) {
 // subjects' last messages.
 func (r *Runs) Rounds(ctx context.Context, tenant, run string) (*RunRounds, error) {
 	out := &RunRounds{Cancelled: map[int]bool{}, Ended: map[int]*job.RunEnd{}}
-	msgs, err := r.lastPer(ctx, r.names.RunAll(tenant, run))
+	msgs, err := r.read(ctx, r.names.RunAll(tenant, run), jetstream.DeliverLastPerSubjectPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("read the rounds of run %s: %w", run, err)
 	}
@@ -420,14 +420,16 @@ func (rr *RunRounds) Round() int {
 	return n
 }
 
-// NodesEnded reads the last end written on each subject of a run's node
-// ends, in stream order: one per node and pool that wrote one. A node has
-// one pool, but every pool's workers may write on their own pool's subject
-// of any node: the reader keeps the ends of the node's pool (see
-// runs.run.apply), so that an end written by another pool, later, hides
-// nothing.
+// NodesEnded reads every end written of a run's nodes, in stream order.
+// A node has one pool, but every pool's workers may write on their own
+// pool's subject of any node, and an end of an earlier round may be
+// written again after a later round's (a copy of an old round's job
+// acknowledged, a cancel of it): the reader keeps the ends of the node's
+// pool and its job in the run's round (see runs.run.apply), so that no
+// end written later hides the one that counts. (The last end of each
+// subject alone would: the subject names no round.)
 func (r *Runs) NodesEnded(ctx context.Context, tenant, run string) ([]*job.NodeEnded, error) {
-	msgs, err := r.lastPer(ctx, r.names.RunNodesEnded(tenant, run))
+	msgs, err := r.read(ctx, r.names.RunNodesEnded(tenant, run), jetstream.DeliverAllPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("read the node ends of run %s: %w", run, err)
 	}
@@ -447,7 +449,7 @@ func (r *Runs) NodesEnded(ctx context.Context, tenant, run string) ([]*job.NodeE
 
 // Runs lists the ids of a tenant's runs still in the stream, oldest first.
 func (r *Runs) List(ctx context.Context, tenant string) ([]string, error) {
-	msgs, err := r.lastPer(ctx, r.names.TenantRunDefs(tenant))
+	msgs, err := r.read(ctx, r.names.TenantRunDefs(tenant), jetstream.DeliverLastPerSubjectPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("list the runs of %s: %w", tenant, err)
 	}
@@ -460,15 +462,13 @@ func (r *Runs) List(ctx context.Context, tenant string) ([]string, error) {
 	return out, nil
 }
 
-// lastPer reads the last message of every subject that filter matches,
-// in stream order (see readAll).
-func (r *Runs) lastPer(ctx context.Context, filter string) ([]jetstream.Msg, error) {
+// read reads the messages that filter matches, as policy says (the last
+// of each subject, or all), in stream order (see readAll, which reads
+// again until the read is whole).
+func (r *Runs) read(ctx context.Context, filter string, policy jetstream.DeliverPolicy) ([]jetstream.Msg, error) {
 	var out []jetstream.Msg
-	err := Retry(ctx, func(ctx context.Context) error {
-		out = out[:0]
-		return readAll(ctx, r.js, r.names.RunsStream(), jetstream.ConsumerConfig{
-			FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}, 1000,
-			func(m jetstream.Msg) error { out = append(out, m); return nil })
-	}, nil)
+	err := readAll(ctx, r.js, r.names.RunsStream(), jetstream.ConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: policy}, 1000,
+		func(m jetstream.Msg) error { out = append(out, m); return nil })
 	return out, err
 }
