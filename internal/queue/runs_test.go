@@ -53,6 +53,36 @@ func TestNodesEndedReadsEachPoolsSubjectOfANode(t *testing.T) {
 	}
 }
 
+// An end of an earlier round written again after a later round's, on the
+// same subject (a copy of the old round's job acknowledged, a cancel of
+// it: the subject names no round), does not hide the later one: the
+// reader gets every end, and the run keeps the one of its round. Before,
+// it got the last of each subject, and the node's end in round 2 was
+// lost: the round never ended.
+func TestAnEarlierRoundsEndWrittenAgainHidesNoLaterOne(t *testing.T) {
+	rs, _, _ := runsStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	first := &job.NodeEnded{RunID: "r", NodeID: "a", JobID: "r:a", Pool: "gpu", Round: 1, State: job.StateFailed, At: time.Now()}
+	second := &job.NodeEnded{RunID: "r", NodeID: "a", JobID: job.RunJobID("r", "a", 2), Pool: "gpu", Round: 2, State: job.StateSucceeded, At: time.Now()}
+	for _, e := range []*job.NodeEnded{first, second, first} {
+		if err := rs.NodeEnded(ctx, e, "t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ends, err := rs.NodesEnded(ctx, "t", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range ends {
+		found = found || e.Round == 2 && e.JobID == second.JobID
+	}
+	if !found {
+		t.Fatalf("ends %+v; round 2's is not among them", ends)
+	}
+}
+
 // A message stored beforehand on another subject of the runs' stream,
 // with the message id the fleet's write would have had if it were
 // derived from the run (what a pool's worker can write on its own
