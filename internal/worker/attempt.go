@@ -442,11 +442,14 @@ func (d *delivery) attempt(ctx context.Context, act action) (action, bool) {
 	}
 	task := d.task()
 	task.Request, task.Report = req, d
+	if act.verb == doRun {
+		// Before the clock starts: its tick may replace d.rec.
+		task.Artifacts = d.openArtifacts()
+	}
 	stopProgress := d.progress()
 	var out *executor.Outcome
 	var err error
 	if act.verb == doRun {
-		task.Artifacts = d.openArtifacts()
 		out, err = w.exec.Run(d.ctx, task)
 	} else {
 		// decide adopts only with an Adopter.

@@ -60,6 +60,14 @@ func (c *clock) tick() {
 	d := c.d
 	if d.unrecorded {
 		d.recordStart()
+		if d.unrecorded {
+			// Not stored yet (an election, a slow server): JetStream
+			// must still hear that the attempt lives, or it delivers
+			// the job again after the ack wait while it runs.
+			if err := d.msg.InProgress(); err != nil {
+				d.log().Warn("progress ack failed", "err", err)
+			}
+		}
 		// The first progress is due a Progress after the start; a write
 		// that did not get through is tried again then too.
 		c.t.Reset(max(d.w.cfg.Progress-d.w.runningAfter(), time.Millisecond))
@@ -103,12 +111,18 @@ func (d *delivery) recordStart() {
 	case err == nil:
 		d.rev, d.unrecorded = rev, false
 	case errors.Is(err, queue.ErrConflict), errors.Is(err, queue.ErrFinal):
-		cur, curRev, rerr := d.w.journal.Record(ctx, d.key)
-		if rerr != nil {
+		// Read past the version the write was refused on: a replica that
+		// is behind may still answer with it, and would be taken for a
+		// record someone else moved (when the write, its answer lost, was
+		// this attempt's own).
+		held, heldRev := d.rec, d.rev
+		if rerr := d.refreshPast(ctx, heldRev); rerr != nil {
+			d.rec, d.rev = held, heldRev // tried again at the next tick
 			d.log().Warn("the job's record moved before its attempt was recorded as running, and cannot be read", "err", rerr)
 			return
 		}
-		d.rec, d.rev, d.unrecorded = cur, curRev, false
+		cur := d.rec
+		d.unrecorded = false
 		mine := cur.State == job.StateRunning && cur.Attempt == d.n && cur.WorkerID == d.w.cfg.ID
 		if !mine {
 			d.log().Info("the job's record moved before its attempt was recorded as running; stopping it", "state", cur.State)

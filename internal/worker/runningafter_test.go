@@ -3,11 +3,14 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/noop"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -155,5 +158,101 @@ func TestALaterDeliveryRecordsRunningAtOnce(t *testing.T) {
 	requireOneResult(t, st, "j", job.StateSucceeded)
 	if got := kinds(st, "j"); got != "q3:queued s:running r:succeeded " {
 		t.Fatalf("versions %s; want queued, running, succeeded", got)
+	}
+}
+
+// lagging is a journal whose running versions' writes go wrong as a
+// cluster's can: with lose, the first is stored but its answer lost, and
+// the read after it is answered by a replica that is behind (the version
+// before); with refuse, none gets through.
+type lagging struct {
+	*hand
+	mu            sync.Mutex
+	lose, refuse  bool
+	lost, stale   bool
+	runningWrites int
+}
+
+func (l *lagging) WriteRecord(ctx context.Context, rec *job.Record, rev uint64) (uint64, error) {
+	if rec.State == job.StateRunning && l.refuse {
+		return 0, errNATS
+	}
+	seq, err := l.hand.WriteRecord(ctx, rec, rev)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err == nil && rec.State == job.StateRunning && l.lose && !l.lost {
+		l.lost, l.stale = true, true
+		return 0, context.DeadlineExceeded
+	}
+	return seq, err
+}
+
+func (l *lagging) Record(ctx context.Context, k queue.JobKey) (*job.Record, uint64, error) {
+	l.mu.Lock()
+	stale := l.stale
+	l.stale = false
+	l.mu.Unlock()
+	if vs := l.st.history(k.ID); stale && len(vs) > 1 {
+		before := vs[len(vs)-2]
+		c := *before.Rec
+		return &c, before.Seq, nil
+	}
+	return l.hand.Record(ctx, k)
+}
+
+func (l *lagging) SendRecord(rec *job.Record, rev uint64) (answer, error) {
+	return sendBy(l.WriteRecord, rec, rev)
+}
+
+// progressed is a job message that counts the progress acks it is sent.
+type progressed struct {
+	deadMsg
+	n *atomic.Int32
+}
+
+func (m progressed) InProgress() error { m.n.Add(1); return nil }
+
+// runLagging delivers msg to a worker on j with RunningAfter 20ms and a
+// progress every 100ms, and returns how many progress acks it sent.
+func runLagging(t *testing.T, j *lagging, exec executor.Executor, msg *fakeMsg) int {
+	t.Helper()
+	w := testWorker(t, j, Config{ID: "w1", RunningAfter: 20 * time.Millisecond, Progress: 100 * time.Millisecond})
+	w.exec = exec
+	w.p.slots.acquireAll(context.Background(), 1)
+	w.handlers.attempts.Add(1)
+	var n atomic.Int32
+	w.handle(progressed{deadMsg{fakeMsg: msg, h: j.hand}, &n})
+	return int(n.Load())
+}
+
+// The running version's write stored but its answer lost, and the read
+// after the refusal of its second try answered by a replica still at the
+// queued version: the attempt is this one's, and it runs on. Before, the
+// read was taken for a record someone else had moved, and the attempt
+// was stopped.
+func TestARunningVersionWhoseAnswerWasLostIsNotTakenForAnothers(t *testing.T) {
+	st, o := newStore(), &ops{}
+	msg := queueJob(t, st, o, &job.Request{ID: "j", Command: []string{"sleep", "1"}}, 1)
+	runLagging(t, &lagging{hand: &hand{st: st, o: o}, lose: true}, slow{500 * time.Millisecond}, msg)
+	requireOneResult(t, st, "j", job.StateSucceeded)
+	if got := kinds(st, "j"); got != "q3:queued s:running r:succeeded " {
+		t.Errorf("versions %s; want queued, running, succeeded", got)
+	}
+}
+
+// While its running version cannot be stored, an attempt still tells
+// JetStream it is alive, every progress: else the job is delivered again
+// after the ack wait while it runs. Before, no progress ack was sent until
+// the version was stored.
+func TestAnAttemptNotYetRecordedRunningStillSaysItLives(t *testing.T) {
+	st, o := newStore(), &ops{}
+	msg := queueJob(t, st, o, &job.Request{ID: "j", Command: []string{"sleep", "1"}}, 1)
+	acks := runLagging(t, &lagging{hand: &hand{st: st, o: o}, refuse: true}, slow{500 * time.Millisecond}, msg)
+	requireOneResult(t, st, "j", job.StateSucceeded)
+	if acks < 3 {
+		t.Errorf("%d progress acks in an attempt of 500ms, progress every 100ms, its running version never stored; want at least 3", acks)
+	}
+	if final, _ := st.last("j"); !final.AttemptStarted {
+		t.Errorf("the final version does not record the attempt's start: %+v", final)
 	}
 }
