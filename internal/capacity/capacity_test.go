@@ -209,6 +209,46 @@ func TestLeaseScriptAnswers(t *testing.T) {
 	})
 }
 
+// A batch of 6,000 leases taken, then the same 6,000 released, each in
+// one call: what a worker's ledger sends after Redis was slow for a
+// moment at thousands of jobs a second. Before the script wrote its
+// changes in chunks, the first failed: Redis's Lua cannot unpack so many
+// values into one call.
+func TestALargeBatchOfLeases(t *testing.T) {
+	stores(t, func(t *testing.T, url string) {
+		s := open(t, url)
+		ctx := context.Background()
+		const n = 6000
+		if err := setTotals(ctx, s, "p", "w", Totals{Slots: n}); err != nil {
+			t.Fatal(err)
+		}
+		var take, give []LeaseOp
+		for i := range n {
+			l := Lease{JobID: fmt.Sprint("j", i), Attempt: 1, CPUMilli: 1, MemoryBytes: 1}
+			take = append(take, LeaseOp{Lease: l})
+			give = append(give, LeaseOp{Release: true, Lease: l})
+		}
+		for _, ops := range [][]LeaseOp{take, give} {
+			out, err := s.ApplyLeases(ctx, "p", "w", time.Minute, ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ops[0].Release && (len(out) != n || out[0] != "ok" || out[n-1] != "ok") {
+				t.Fatalf("%d answers, first %v", len(out), out[:min(3, len(out))])
+			}
+			u, err := s.Usage(ctx, "p", "w")
+			if want := int64(n); ops[0].Release {
+				want = 0
+				if err != nil || u.SlotsUsed != 0 || u.CPUUsed != 0 {
+					t.Fatalf("after the releases: %+v %v", u, err)
+				}
+			} else if err != nil || int64(u.SlotsUsed) != want || u.CPUUsed != want {
+				t.Fatalf("after the leases: %+v %v", u, err)
+			}
+		}
+	})
+}
+
 // setTotals writes a worker's totals, with no lease, as its heartbeat's
 // script does.
 func setTotals(ctx context.Context, s *Store, pool, worker string, t Totals) error {

@@ -190,10 +190,15 @@ end
 -- string.format('%d'): Lua writes -0 as "-0", which HINCRBY refuses.)
 local del = {}
 for f in pairs(gone) do table.insert(del, f) end
-if #del > 0 then redis.call('HDEL', slots, unpack(del)) end
+-- (In chunks: unpack of more than about 8,000 values fails in Redis's Lua;
+-- a chunk of put is whole field-value pairs.)
+local function chunked(cmd, args)
+  for c = 1, #args, 1000 do redis.call(cmd, slots, unpack(args, c, math.min(c + 999, #args))) end
+end
+chunked('HDEL', del)
 local put = {}
 for f, v in pairs(set) do table.insert(put, f); table.insert(put, v) end
-if #put > 0 then redis.call('HSET', slots, unpack(put)) end
+chunked('HSET', put)
 if moved then
   redis.call('HSET', slots, 'used', string.format('%d', used), 'cpu_used', string.format('%d', cu),
     'mem_used', string.format('%d', mu), 'gpu_used', string.format('%d', gu))
