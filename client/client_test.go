@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,5 +194,80 @@ func TestAReadTheFleetCannotAnswerForAWhileIsAskedAgain(t *testing.T) {
 	}
 	if n := heard.Load(); n != 3 {
 		t.Errorf("heard %d requests, want 3 (two told to try again)", n)
+	}
+}
+
+// A run's end missed live (the client reconnecting, a server lost) does
+// not leave a watch waiting: it asks how the run stands now and then, and
+// ends with the summary of the round it finds ended. Here the fleet never
+// publishes the end: the status says running, then succeeded. Before,
+// RunResult waited until its context ended.
+func TestARunsEndMissedLiveEndsTheWatchAnyway(t *testing.T) {
+	fleet, c := fleetAndClient(t)
+	var asked atomic.Int32
+	view := func(state job.RunState) []byte {
+		v := job.RunView{RunID: "r", Tenant: "default", State: state, Round: 1, SubmittedAt: time.Now(),
+			Nodes: []job.NodeView{{ID: "a", Pool: "default", JobID: "r:a", State: job.State(state)}}}
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	sub, err := fleet.Subscribe("fleet.t.default.runs.status.r", func(m *nats.Msg) {
+		if asked.Add(1) <= 2 {
+			_ = m.Respond(view(job.RunRunning))
+			return
+		}
+		_ = m.Respond(view(job.RunSucceeded))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := fleet.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	end, err := c.RunResult(ctx, "r")
+	if err != nil || end.State != job.RunSucceeded || end.Round != 1 || len(end.Nodes) != 1 || end.Nodes[0].JobID != "r:a" {
+		t.Fatalf("RunResult: %+v, %v (status asked %d times)", end, err, asked.Load())
+	}
+}
+
+// A run's document without an id is given one before it is sent, so that
+// the copy sent again, its answer lost, is the same run: before, each
+// copy was given its own id by the fleet, and the run ran twice.
+func TestARunSentAgainIsTheSameRun(t *testing.T) {
+	fleet, c := fleetAndClient(t)
+	var ids []string
+	var mu sync.Mutex
+	sub, err := fleet.Subscribe("fleet.t.default.runs.submit", func(m *nats.Msg) {
+		var r job.RunRequest
+		_ = json.Unmarshal(m.Data, &r)
+		mu.Lock()
+		ids = append(ids, r.ID)
+		n := len(ids)
+		mu.Unlock()
+		if n == 1 {
+			return // the answer lost
+		}
+		_ = m.Respond([]byte(`{"run_id":"` + r.ID + `","tenant":"default","state":"running","nodes":1}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := fleet.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reply, err := c.SubmitRunJSON(ctx, []byte(`{"nodes":[{"id":"a","job":{"command":["true"]}}]}`))
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || len(ids) != 2 || ids[0] == "" || ids[0] != ids[1] || reply.RunID != ids[0] {
+		t.Fatalf("reply %+v, %v; ids sent %q: want one id, the same twice", reply, err, ids)
 	}
 }

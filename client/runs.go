@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -46,10 +47,11 @@ func (c *Client) SubmitRun(ctx context.Context, r *job.RunRequest) (*job.RunSubm
 	return c.SubmitRunJSON(ctx, data)
 }
 
-// SubmitRunJSON is SubmitRun of a run's document as it stands.
+// SubmitRunJSON is SubmitRun of a run's document as it stands, given an
+// id first if it has none (see withID): a copy sent again is the same run.
 func (c *Client) SubmitRunJSON(ctx context.Context, data []byte) (*job.RunSubmitReply, error) {
 	var reply job.RunSubmitReply
-	if err := c.runRequest(ctx, "submit", "", data, sendAgain, &reply); err != nil {
+	if err := c.runRequest(ctx, "submit", "", withID(data), sendAgain, &reply); err != nil {
 		return nil, err
 	}
 	if reply.Rejected() {
@@ -143,6 +145,12 @@ type RunEvent struct {
 // it is called, and, last, its round's end. It replays nothing: Run says
 // how the run stands when the watch begins. It ends with the run, when ctx
 // ends, or with an error.
+//
+// What it hears live may miss a message (the client reconnecting, a
+// server lost; see the contract): a node's version missed is not yielded,
+// but the end is never missed, for the watch asks how the run stands now
+// and then (backing off to every two seconds), as Result does, and ends
+// with the summary of the round it finds ended.
 func (c *Client) WatchRun(ctx context.Context, id string) iter.Seq2[*RunEvent, error] {
 	return func(yield func(*RunEvent, error) bool) {
 		if !job.ValidRunID(id) {
@@ -157,7 +165,6 @@ func (c *Client) WatchRun(ctx context.Context, id string) iter.Seq2[*RunEvent, e
 		jobs, err := c.nc.ChanSubscribe(c.names.JobLive(c.tenant, "*", "*", ">"), ch)
 		if err == nil {
 			defer jobs.Unsubscribe()
-			_ = jobs.SetPendingLimits(-1, -1)
 		}
 		var ends *nats.Subscription
 		if err == nil {
@@ -177,10 +184,25 @@ func (c *Client) WatchRun(ctx context.Context, id string) iter.Seq2[*RunEvent, e
 		if v.State.Final() {
 			return
 		}
+		wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
+		ask := time.NewTimer(wait.NextBackOff())
+		defer ask.Stop()
 		for {
 			var m *nats.Msg
 			select {
 			case m = <-ch:
+			case <-ask.C:
+				v, err := c.Run(ctx, id)
+				switch {
+				case err == nil && v.Round >= round && v.State.Final():
+					yield(&RunEvent{End: v.End()}, nil)
+					return
+				case err != nil && !retryable(ctx, err):
+					yield(nil, err)
+					return
+				}
+				ask.Reset(wait.NextBackOff())
+				continue
 			case <-ctx.Done():
 				yield(nil, ctx.Err())
 				return
@@ -233,12 +255,5 @@ func (c *Client) runEnd(ctx context.Context, id string) (*job.RunEnd, error) {
 	if !v.State.Final() {
 		return nil, errors.New("run " + id + " has not ended")
 	}
-	e := &job.RunEnd{RunID: v.RunID, Tenant: v.Tenant, Round: v.Round, State: v.State, SubmittedAt: v.SubmittedAt}
-	if v.FinishedAt != nil {
-		e.FinishedAt = *v.FinishedAt
-	}
-	for _, n := range v.Nodes {
-		e.Nodes = append(e.Nodes, job.NodeState{ID: n.ID, JobID: n.JobID, Pool: n.Pool, State: n.State, Code: n.Code})
-	}
-	return e, nil
+	return v.End(), nil
 }

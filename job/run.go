@@ -500,6 +500,19 @@ type RunView struct {
 	Nodes           []NodeView `json:"nodes"`
 }
 
+// End is the summary of the round an ended run's view shows (what its
+// end message says, but for the nodes' rounds).
+func (v *RunView) End() *RunEnd {
+	e := &RunEnd{RunID: v.RunID, Tenant: v.Tenant, Round: v.Round, State: v.State, SubmittedAt: v.SubmittedAt}
+	if v.FinishedAt != nil {
+		e.FinishedAt = *v.FinishedAt
+	}
+	for _, n := range v.Nodes {
+		e.Nodes = append(e.Nodes, NodeState{ID: n.ID, JobID: n.JobID, Pool: n.Pool, State: n.State, Code: n.Code})
+	}
+	return e
+}
+
 // NodeView is one node of a run as it stands.
 type NodeView struct {
 	ID    string   `json:"id"`

@@ -254,7 +254,7 @@ func followRun(ctx context.Context, e *env, c *client.Client, id string, w io.Wr
 	if err != nil {
 		return nil, err
 	}
-	end := endOf(v)
+	end := v.End()
 	if e.json() {
 		if err := json.NewEncoder(w).Encode(runLine{End: end}); err != nil {
 			return nil, err
@@ -268,18 +268,6 @@ type runLine struct {
 	Node  string      `json:"node,omitempty"`
 	Event *job.Event  `json:"event,omitempty"`
 	End   *job.RunEnd `json:"end,omitempty"`
-}
-
-// endOf is the end of an ended run as its view says it.
-func endOf(v *job.RunView) *job.RunEnd {
-	end := &job.RunEnd{RunID: v.RunID, Tenant: v.Tenant, Round: v.Round, State: v.State, SubmittedAt: v.SubmittedAt}
-	if v.FinishedAt != nil {
-		end.FinishedAt = *v.FinishedAt
-	}
-	for _, n := range v.Nodes {
-		end.Nodes = append(end.Nodes, job.NodeState{ID: n.ID, JobID: n.JobID, Pool: n.Pool, State: n.State, Code: n.Code})
-	}
-	return end
 }
 
 // printRunEnd writes how a run's round ended: its state, each node's, and
@@ -357,7 +345,7 @@ func runWatch(ctx context.Context, e *env, c *client.Client, id string) error {
 	}
 	var end *job.RunEnd
 	if v.State.Final() {
-		end = endOf(v)
+		end = v.End()
 		if e.json() {
 			if err := json.NewEncoder(e.stdout).Encode(runLine{End: end}); err != nil {
 				return err
