@@ -62,6 +62,7 @@ type flags struct {
 	redis       cli.RedisFlags
 	admission   string
 	maxInputRef int64
+	maxRunNodes int
 	heartbeat   time.Duration
 	tokenFile   string
 	insecure    bool
@@ -89,6 +90,7 @@ func run(args []string) error {
 	fs.DurationVar(&f.ackWait, "ack-wait", dispatcher.DefaultAckWait, "how long the submit consumer waits for a dispatcher's ack")
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a request's inputs by reference (give workers the same)")
+	fs.IntVar(&f.maxRunNodes, "max-run-nodes", job.DefaultMaxRunNodes, "most nodes of one run; a larger run is refused whole")
 	fs.BoolVar(&f.v1, "v1", true, "keep contract v1 working beside v2 for its producers and consumers: "+
 		"fleet.submit[.direct], fleet.cancel.<id>, fleet.events.<id>, fleet.results.<id> and the jobs bucket, "+
 		"for the default tenant (off in the production profiles; see docs/contract.md on moving to v2)")
@@ -209,6 +211,7 @@ func run(args []string) error {
 		Queue: queue.Config{Names: queue.Names{Prefix: f.prefix}, Replicas: f.replicas, Retention: f.retention,
 			AckWait: f.ackWait, MemoryStorage: f.memoryStore, V1: f.v1},
 		Limits:        job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
+		MaxRunNodes:   f.maxRunNodes,
 		ScheduleLease: f.schedLease,
 		Logger:        log,
 	}
