@@ -54,12 +54,6 @@ func (n Names) RunNodeEnded(tenant, run, pool, node string) string {
 // RunNodesEnded matches the node ends of a run.
 func (n Names) RunNodesEnded(tenant, run string) string { return n.run(tenant, run) + ".node.>" }
 
-// PoolRunNodesEnded matches the node ends a pool's workers write: a
-// worker's permission.
-func (n Names) PoolRunNodesEnded(pool string) string {
-	return n.prefix() + ".r.*.*.node." + pool + ".*"
-}
-
 // RunCancel is the subject of a cancel of a run's round.
 func (n Names) RunCancel(tenant, run string, round int) string {
 	return n.run(tenant, run) + ".cancel." + strconv.Itoa(round)
@@ -85,9 +79,6 @@ func (n Names) TenantRunDefs(tenant string) string { return n.prefix() + ".r." +
 func (n Names) RunLive(tenant, run, what string) string {
 	return n.prefix() + ".t." + tenant + ".run." + run + "." + what
 }
-
-// AllRunNodesEndedLive matches the live copies of every run's node ends.
-func (n Names) AllRunNodesEndedLive() string { return n.prefix() + ".t.*.run.*.node.>" }
 
 // AllRunRoundsLive matches the live copies of every run's messages but its
 // node ends: its definition, cancels, retries and summaries, what changes
