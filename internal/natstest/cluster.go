@@ -499,6 +499,28 @@ func (c *Cluster) Connect(t testing.TB) *nats.Conn {
 	return nc
 }
 
+// Retry makes an idempotent JetStream request (a stream's creation, a
+// publish with a message id) until it is answered, each try within 2 s,
+// or ctx ends. A cluster that has just elected its meta leader, or is
+// still joining its routes, may drop a request rather than answer it: a
+// request given the whole of ctx would wait all of it for an answer that
+// is not coming.
+func Retry(ctx context.Context, try func(ctx context.Context) error) error {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := try(tctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // ConnectTo returns a client connection to server i (the client may move
 // to the others it learns of, should i go away), closed when the test
 // ends.

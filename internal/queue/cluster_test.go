@@ -237,7 +237,10 @@ func TestConnectToTheSeedListSurvivesAKilledAndAFrozenNode(t *testing.T) {
 	}
 	defer nc.Close()
 	js := newJS(t, nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEEDS", Subjects: []string{"seeds.>"}, Replicas: 3}); err != nil {
+	if err := natstest.Retry(ctx, func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEEDS", Subjects: []string{"seeds.>"}, Replicas: 3})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	publish := func(id string) {
