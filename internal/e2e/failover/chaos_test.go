@@ -13,13 +13,15 @@ import (
 // TestChaosOnACluster runs the fleet as it runs for real: a three-node
 // cluster with streams of three replicas, two dispatchers started at the
 // same instant, three process workers with capacity in Redis, jobs offered
-// at a steady pace. It runs the jobs once undisturbed, then again while the
-// node leading the jobs stream, then the meta leader, then a third node are
-// killed with SIGKILL and restarted two seconds later. Every job ends with
+// at a steady pace, on each submit path, while the node leading the jobs
+// stream, then the meta leader, then a third node are killed with SIGKILL
+// and restarted two seconds later. Every job ends with
 // exactly one result, in the stream and as heard by subscribers
-// (historytest), none fails or times out because of the failures; the
-// targets (see target): the worst submit→result latency under 10 s, and
-// the throughput over the run at least 0.9 times the undisturbed run's.
+// (historytest), none fails or times out because of the failures. With
+// the targets on (fleettest.Targets, make bench-failover), the jobs run
+// once undisturbed first, and the runs are held to them: the worst
+// submit→result latency under 10 s, the throughput over the run at least
+// 0.9 times the undisturbed run's.
 func TestChaosOnACluster(t *testing.T) {
 	// Paced for 36 s, so that each kill is twelve seconds from the next: a
 	// node killed takes the leadership of its Raft groups with it, their
@@ -49,7 +51,13 @@ func TestChaosOnACluster(t *testing.T) {
 		workers = append(workers, w)
 	}
 
-	calm := offer(t, c, "calm", jobs, rate, false, nil)
+	// The baseline of the throughput target: the same jobs undisturbed.
+	var calm run
+	if fleettest.Targets() {
+		calm = offer(t, c, "calm", jobs, rate, false, nil)
+		t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
+			calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
+	}
 	kills := func() []kill {
 		return []kill{
 			{at: 3 * time.Second, why: "leader of FLEET_POOL_default", pick: func() int { return c.StreamLeader("FLEET_POOL_default") }},
@@ -61,25 +69,23 @@ func TestChaosOnACluster(t *testing.T) {
 	// The other submit path: a JetStream publish on the intake subject,
 	// sent again with its id until acknowledged.
 	stored := offer(t, c, "stored", jobs, rate, true, kills())
-	t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
-		calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
-	for _, r := range []struct {
-		name string
-		run
-	}{{"three nodes killed, submitted by request", storm}, {"three nodes killed, submitted to the intake stream", stored}} {
-		t.Logf("%s: %d jobs in %s, %.0f jobs/s (%.2f×), submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
-			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.rate()/calm.rate(), r.p50.Round(time.Millisecond),
-			r.worst.Round(time.Millisecond), r.lost, r.unheard)
-	}
 	// A killed node takes the leadership of its Raft groups with it; their
 	// followers elect another 4 to 9 s after the last heartbeat they had
 	// from it. A pool's queues live with its stream's leader (queue.Placed),
 	// so that a job meets one election, and what the fleet adds to it
 	// (TestFailoverCostsOnlyTheElections) is well under a second: the worst
 	// stays under 10 s.
-	for _, r := range []run{storm, stored} {
-		target(t, r.worst <= 10*time.Second, "the worst submit→result latency was %s with nodes failing, over 10 s", r.worst)
-		target(t, r.rate() >= 0.9*calm.rate(), "%.0f jobs/s with nodes failing, under 0.9 × the %.0f jobs/s of the undisturbed run", r.rate(), calm.rate())
+	for _, r := range []struct {
+		name string
+		run
+	}{{"three nodes killed, submitted by request", storm}, {"three nodes killed, submitted to the intake stream", stored}} {
+		t.Logf("%s: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
+			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.p50.Round(time.Millisecond),
+			r.worst.Round(time.Millisecond), r.lost, r.unheard)
+		fleettest.Target(t, r.worst <= 10*time.Second, "%s: the worst submit→result latency was %s, over 10 s", r.name, r.worst)
+		if calm.jobs > 0 {
+			fleettest.Target(t, r.rate() >= 0.9*calm.rate(), "%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run", r.name, r.rate(), calm.rate())
+		}
 	}
 	for _, p := range append(ds, workers...) {
 		if p.Wait(0) {

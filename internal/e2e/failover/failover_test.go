@@ -15,7 +15,7 @@ import (
 // in turn, 4.5 s apart, each started again two seconds after its kill,
 // while jobs are offered at 150 a second to two dispatchers and three
 // workers, on each submit path. Every job ends with one result
-// (historytest); the target (see target): none waits more than a second
+// (historytest); the target (fleettest.Target): none waits more than a second
 // beyond the time what holds it had no leader, as the servers' logs tell
 // it: its pool's stream and its queue; on the intake path, the intake
 // stream and the dispatchers' consumer of it too. What the fleet adds to
@@ -104,7 +104,7 @@ func TestFailoverCostsOnlyTheElections(t *testing.T) {
 		t.Logf("%s: %d jobs, %.0f jobs/s, worst submit→result %s; beyond the elections: p50 %s, p99 %s, worst %s (%s)",
 			path.name, r.jobs, r.rate(), r.worst.Round(time.Millisecond), excess[len(excess)/2].Round(time.Millisecond),
 			excess[len(excess)*99/100].Round(time.Millisecond), worstExcess.Round(time.Millisecond), worst.id)
-		target(t, worstExcess <= time.Second, "%s: job %s waited %s beyond the time the streams that hold it had no leader, over 1 s",
+		fleettest.Target(t, worstExcess <= time.Second, "%s: job %s waited %s beyond the time the streams that hold it had no leader, over 1 s",
 			path.name, worst.id, worstExcess.Round(time.Millisecond))
 	}
 	for _, p := range procs {

@@ -16,8 +16,9 @@ import (
 // seconds later with its store. Once on each submit path, every job ends
 // with one result: one final version in the pool's stream, none after it,
 // no attempt going back, none heard twice (historytest); none is lost or
-// fails; the worst submit→result stays under 10 s and the throughput over
-// the run at 0.9 times the undisturbed run's or more.
+// fails. The targets (fleettest.Target): the worst submit→result under
+// 10 s, the throughput over the run at 0.9 times the undisturbed run's or
+// more (that run made only with the targets on).
 //
 // After a restart, JetStream may deliver a job again as if for the first
 // time (its consumer's state was not flushed before the kill): the worker
@@ -38,7 +39,12 @@ func TestKillAndRestartOneServer(t *testing.T) {
 	w := fleettest.StartProc(t, "worker", env, "--id", "one", "--executor", "noop", "--slots", "64")
 	w.WaitOutput(t, "worker started", 30*time.Second)
 
-	calm := offer(t, c, "calm", jobs, rate, false, nil)
+	var calm run
+	if fleettest.Targets() {
+		calm = offer(t, c, "calm", jobs, rate, false, nil)
+		t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
+			calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
+	}
 	kills := func() []kill {
 		return []kill{
 			{at: 2 * time.Second, why: "the server"},
@@ -53,17 +59,13 @@ func TestKillAndRestartOneServer(t *testing.T) {
 		{"killed three times, submitted by request", offer(t, c, "storm", jobs, rate, false, kills())},
 		{"killed three times, submitted to the intake stream", offer(t, c, "stored", jobs, rate, true, kills())},
 	}
-	t.Logf("undisturbed: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s",
-		calm.jobs, calm.took.Round(time.Millisecond), calm.rate(), calm.p50.Round(time.Millisecond), calm.worst.Round(time.Millisecond))
 	for _, r := range runs {
-		t.Logf("%s: %d jobs in %s, %.0f jobs/s (%.2f×), submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
-			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.rate()/calm.rate(), r.p50.Round(time.Millisecond),
+		t.Logf("%s: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
+			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.p50.Round(time.Millisecond),
 			r.worst.Round(time.Millisecond), r.lost, r.unheard)
-		if r.worst > 10*time.Second {
-			t.Errorf("%s: the worst submit→result latency was %s, over 10 s", r.name, r.worst)
-		}
-		if r.rate() < 0.9*calm.rate() {
-			t.Errorf("%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run", r.name, r.rate(), calm.rate())
+		fleettest.Target(t, r.worst <= 10*time.Second, "%s: the worst submit→result latency was %s, over 10 s", r.name, r.worst)
+		if calm.jobs > 0 {
+			fleettest.Target(t, r.rate() >= 0.9*calm.rate(), "%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run", r.name, r.rate(), calm.rate())
 		}
 	}
 	for _, p := range []*fleettest.Proc{d, w} {
