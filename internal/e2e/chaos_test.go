@@ -28,8 +28,8 @@ func TestChaos(t *testing.T) {
 			"--ack-wait", "2s", "--grace", "100ms", "--log-level", "warn")
 		return p
 	}
+	// The jobs are queued as the workers start: whoever is up pulls them.
 	workers := []*fleettest.Proc{start(0), start(1), start(2)}
-	time.Sleep(time.Second)
 	nc := f.NATS.Connect(t)
 	ear := listen(t, nc, job.DefaultTenant, "default")
 

@@ -337,10 +337,14 @@ func TestEachPoolHasItsOwnStream(t *testing.T) {
 // job with not_before starts after it there too.
 func TestPauseOnACluster(t *testing.T) {
 	c, env := fleettest.ClusterFleet(t)
+	var heldWorkers []*fleettest.Proc
 	for _, p := range []string{"held", "free"} {
 		for i := range 2 {
-			fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w-%s-%d", p, i), "--pool", p, "--slots", "2").
-				WaitOutput(t, "worker started", 30*time.Second)
+			w := fleettest.StartProc(t, "worker", env, "--id", fmt.Sprintf("w-%s-%d", p, i), "--pool", p, "--slots", "2")
+			w.WaitOutput(t, "worker started", 30*time.Second)
+			if p == "held" {
+				heldWorkers = append(heldWorkers, w)
+			}
 		}
 	}
 	nc := c.Connect(t)
@@ -354,7 +358,9 @@ func TestPauseOnACluster(t *testing.T) {
 	if _, err := cl.PausePool(ctx, "held", "cluster test"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // the workers read it every second
+	for _, w := range heldWorkers { // each reads it within a second
+		w.WaitOutput(t, "pool paused", 10*time.Second)
+	}
 
 	leader := c.WaitStreamLeader(t, "KV_fleet-pools", 30*time.Second)
 	c.Kill(leader)

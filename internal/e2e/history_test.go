@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -32,4 +33,29 @@ func requireHistory(t *testing.T, nc *nats.Conn, tenant, pool, prefix string, id
 		t.Fatal(err)
 	}
 	return historytest.Require(t, js, queue.Names{}, tenant, pool, prefix, ids, ears...)
+}
+
+// copies returns a channel closed once n requests have been sent on
+// tenant's submit subject: a client's first copy and those it sends again
+// when nobody answers.
+func copies(t *testing.T, nc *nats.Conn, tenant string, n int) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	var mu sync.Mutex
+	seen := 0
+	sub, err := nc.Subscribe(queue.Names{}.SubmitV2(tenant), func(*nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen++; seen == n {
+			close(done)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return done
 }

@@ -192,12 +192,17 @@ func TestASubmissionThatWaitedForTheFirstWorkerIsNoDuplicate(t *testing.T) {
 		err error
 	}
 	answered := make(chan answer, 1)
+	sent := copies(t, f.NATS.Connect(t), job.DefaultTenant, 2)
 	start := time.Now()
 	go func() {
 		s, err := f.Client.Submit(ctx, &job.Request{ID: "waited", Command: []string{"true"}})
 		answered <- answer{s, err}
 	}()
-	time.Sleep(time.Second) // the client has sent its second copy by now
+	select { // the client has sent its second copy
+	case <-sent:
+	case <-ctx.Done():
+		t.Fatal("the client did not send its request again")
+	}
 	startListedWorker(t, f, caps, "late-worker")
 	a := <-answered
 	if a.err != nil || a.s.Duplicate || a.s.State == job.StateRejected {

@@ -152,7 +152,12 @@ func TestFairShareFollowsWeights(t *testing.T) {
 	job := []string{"sleep", "0.02"}
 	aIDs := submitMany(t, a, "fair", "a", 2000, 0, job...)
 	f.Worker(t, processExec(t), worker.Config{Pool: "fair", Slots: 4})
-	time.Sleep(time.Second) // A alone for a moment
+	// A alone for a moment: two rounds of its jobs on the 4 slots.
+	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+	if _, err := a.Result(rctx, aIDs[7]); err != nil {
+		t.Fatalf("A's eighth job: %v", err)
+	}
+	rcancel()
 	bIDs := submitMany(t, b, "fair", "b", 200, 0, job...)
 	aRuns, bRuns := results(t, a, "a", aIDs, 3*time.Minute), results(t, b, "b", bIDs, time.Minute)
 	all := byStart(aRuns, bRuns)

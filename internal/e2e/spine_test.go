@@ -494,11 +494,18 @@ func TestSubmitIsSentAgainUntilADispatcherAnswers(t *testing.T) {
 		err error
 	}
 	done := make(chan answer, 1)
+	sent := copies(t, nc, job.DefaultTenant, 3)
 	go func() {
 		s, err := f.Client.Submit(ctx, &job.Request{ID: "retried", Command: []string{"true"}})
 		done <- answer{s, err}
 	}()
-	time.Sleep(4 * time.Second) // more than one try's timeout
+	select { // the request, and two copies sent again when nobody answered
+	case <-sent:
+	case a := <-done:
+		t.Fatalf("answered with no dispatcher running: %+v %v", a.s, a.err)
+	case <-ctx.Done():
+		t.Fatal("the client did not send its request again")
+	}
 	select {
 	case a := <-done:
 		t.Fatalf("answered with no dispatcher running: %+v %v", a.s, a.err)
