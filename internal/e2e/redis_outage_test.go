@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/testport"
 	"github.com/fleet-dev/fleet/internal/worker"
 	"github.com/fleet-dev/fleet/job"
 )
@@ -55,12 +55,7 @@ func natsProcess(t *testing.T) string {
 	t.Helper()
 	bin := natstest.ServerBinary(t)
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := testport.Free(t)
 	conf := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf("listen: \"127.0.0.1:%d\"\nmax_payload: 8MB\njetstream { store_dir: %q }\n",
 		port, filepath.Join(dir, "js"))), 0o644); err != nil {

@@ -5,12 +5,13 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/fleet-dev/fleet/internal/testport"
 )
 
 // Server is a running test server. Restart keeps its port and its files.
@@ -103,11 +104,4 @@ func (s *Server) ConnectAs(t testing.TB, name, password string) *nats.Conn {
 	return nc
 }
 
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testport.Free(t) }

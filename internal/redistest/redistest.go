@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleet-dev/fleet/internal/testenv"
+	"github.com/fleet-dev/fleet/internal/testport"
 )
 
 // Server is a redis-server process.
@@ -196,11 +197,4 @@ func (s *Server) clientOptions() *redis.Options {
 	return o
 }
 
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testport.Free(t) }

@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/internal/testport"
 )
 
 // shipped returns the path of a file of deploy/nats.
@@ -352,12 +352,4 @@ func connect(t testing.TB, cc queue.ConnConfig) *conn {
 	return &conn{Conn: nc, errs: errs}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testport.Free(t) }
