@@ -56,7 +56,7 @@ bench: build
 	./scripts/bench-kube.sh
 	./scripts/bench-artifacts.sh
 
-## flakes: the tests of PKGS (RUN: those matching) RUNS times (20) as make test runs them, LOAD=1 beside a load; every failure counted. Run it on each new test before it lands
+## flakes: the tests of PKGS (RUN: those matching; no PKGS: the census of docs/tests.md, every package whose tests start servers or processes) RUNS times (20) as make test runs them, LOAD=1 beside a load; every failure counted. Run it on each new test before it lands
 flakes:
 	./scripts/flakes.sh -n $(or $(RUNS),20) $(if $(RUN),-r '$(RUN)') $(if $(LOAD),-l) $(PKGS)
 

@@ -2,9 +2,10 @@
 # flakes: run tests many times, as make test runs them (-race), alone or
 # beside a second job that loads the machine, and count what fails. Run it
 # on every new test before it lands: a test that fails one run in twenty
-# fails every twentieth landing.
+# fails every twentieth landing. With no package it runs the census of
+# docs/tests.md: every package whose tests start servers or processes.
 #
-# Usage: scripts/flakes.sh [-n RUNS] [-r REGEXP] [-l] PKG...
+# Usage: scripts/flakes.sh [-n RUNS] [-r REGEXP] [-l] [PKG...]
 #   -n RUNS    how many times each package's tests run (default 20)
 #   -r REGEXP  only the tests that match (default: all of the package's)
 #   -l         with a load beside them: the tests of ./internal/queue and
@@ -23,16 +24,26 @@ while getopts "n:r:l" o; do
 	n) runs=$OPTARG ;;
 	r) match=$OPTARG ;;
 	l) load=1 ;;
-	*) sed -n '2,17p' "$0"; exit 2 ;;
+	*) sed -n '2,19p' "$0"; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
-(($#)) || { sed -n '2,17p' "$0"; exit 2; }
+if (($# == 0)); then
+	# The census: the packages whose tests import what starts a server or
+	# a process.
+	mapfile -t census < <(go list -f '{{.Dir}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
+		grep -E 'internal/(natstest|redistest|fleettest|dockertest|kubetest|testenv)( |$)|os/exec( |$)' |
+		awk -v root="$PWD" '{ sub("^" root, ".", $1); print $1 }')
+	set -- "${census[@]}"
+fi
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/flakes.XXXXXX")
 go build -o "$out/testlog" ./internal/testlog
+# A package's binary and logs are named by its path: ./internal/runs and
+# ./internal/e2e/runs are two.
+name() { local n=${1#./}; echo "${n//\//_}"; }
 for pkg in "$@"; do
-	go test -race -c -o "$out/$(basename "$pkg").test" "$pkg" >/dev/null
+	go test -race -c -o "$out/$(name "$pkg").test" "$pkg" >/dev/null
 done
 
 loader=
@@ -51,8 +62,14 @@ cleanup() {
 trap cleanup EXIT
 
 echo "flakes: $runs runs of each of $*${match:+ (tests matching $match)}${load:+, beside a load}; logs in $out"
+echo "$(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null)" >"$out/began"
 for pkg in "$@"; do
-	name=$(basename "$pkg")
+	name=$(name "$pkg")
+	if [[ ! -x $out/$name.test ]]; then
+		echo "$pkg has no test to run"
+		continue
+	fi
+	began=$SECONDS failed=0
 	for i in $(seq "$runs"); do
 		log="$out/$name.$i.log"
 		# Each run in its package's folder, as go test runs it.
@@ -62,8 +79,10 @@ for pkg in "$@"; do
 		else
 			grep -o -- '--- FAIL: [^ ]*' "$log" | sed "s|^--- FAIL: ||; s|\$| $pkg|" >>"$out/failed" || true
 			echo "run $i of $pkg failed: $(grep -o -- '--- FAIL: [^ ]*' "$log" | tr '\n' ' ')($log)"
+			failed=$((failed + 1))
 		fi
 	done
+	echo "$pkg: $failed of $runs runs failed, $((SECONDS - began)) s"
 done
 
 echo
