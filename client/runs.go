@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"iter"
 	"time"
@@ -131,20 +130,24 @@ func (c *Client) runRequest(ctx context.Context, verb, id string, body []byte, r
 	return nil
 }
 
-// RunEvent is something that happened to a run: a node's job started or
-// ended (Node, with its job's record version), or the run's round ended
-// (End).
+// RunEvent is what a watch of a run yields: how the run stands as the
+// watch begins (Now, its first event), a node's job started or ended
+// (Node, with its job's record version), or the run's round ended (End,
+// its last).
 type RunEvent struct {
+	Now    *job.RunView
 	Node   string
 	Record *job.Record
 	End    *job.RunEnd
 }
 
-// WatchRun follows a run as it goes: each version of its nodes' jobs (a
-// job queued, started, retried, ended) as it is stored, from the moment
-// it is called, and, last, its round's end. It replays nothing: Run says
-// how the run stands when the watch begins. It ends with the run, when ctx
-// ends, or with an error.
+// WatchRun follows a run as it goes. Its first event is how the run stands
+// (Now, the run's view), read once the watch hears what comes next, so
+// that nothing falls between the two; then each version of its nodes' jobs
+// (a job queued, started, retried, ended) as it is stored, and, last, its
+// round's end: at once, after Now, for a run that had ended. It replays
+// nothing before Now. It ends with the run, when ctx ends, or with an
+// error.
 //
 // What it hears live may miss a message (the client reconnecting, a
 // server lost; see the contract): a node's version missed is not yielded,
@@ -180,8 +183,12 @@ func (c *Client) WatchRun(ctx context.Context, id string) iter.Seq2[*RunEvent, e
 			yield(nil, err)
 			return
 		}
+		if !yield(&RunEvent{Now: v}, nil) {
+			return
+		}
 		round := v.Round
 		if v.State.Final() {
+			yield(&RunEvent{End: v.End()}, nil)
 			return
 		}
 		wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
@@ -242,18 +249,5 @@ func (c *Client) RunResult(ctx context.Context, id string) (*job.RunEnd, error) 
 			return ev.End, nil
 		}
 	}
-	// The run had ended when the watch began: its summary is read.
-	return c.runEnd(ctx, id)
-}
-
-// runEnd reads an ended run's summary through its view.
-func (c *Client) runEnd(ctx context.Context, id string) (*job.RunEnd, error) {
-	v, err := c.Run(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if !v.State.Final() {
-		return nil, errors.New("run " + id + " has not ended")
-	}
-	return v.End(), nil
+	return nil, fmt.Errorf("watch run %s: it ended without the run's end", id)
 }

@@ -164,7 +164,7 @@ func runSubmit(ctx context.Context, e *env, file string, wait bool) error {
 	if e.json() {
 		events = io.Discard
 	}
-	end, err := followRun(ctx, e, c, sub.RunID, events)
+	end, err := followRun(ctx, e, c, sub.RunID, events, nil)
 	if err != nil {
 		return err
 	}
@@ -219,14 +219,21 @@ func runExit(s job.RunState) error {
 }
 
 // followRun prints the events of a run's nodes to w as they come, until the
-// run's round ends, and returns its end.
-func followRun(ctx context.Context, e *env, c *client.Client, id string, w io.Writer) (*job.RunEnd, error) {
+// run's round ends, and returns its end; now, when given, is handed how
+// the run stands as the watch begins.
+func followRun(ctx context.Context, e *env, c *client.Client, id string, w io.Writer, now func(*job.RunView)) (*job.RunEnd, error) {
 	for ev, err := range c.WatchRun(ctx, id) {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, exit(exitFleet, "interrupted")
 			}
 			return nil, err
+		}
+		if ev.Now != nil {
+			if now != nil {
+				now(ev.Now)
+			}
+			continue
 		}
 		if ev.End != nil {
 			if e.json() {
@@ -249,18 +256,7 @@ func followRun(ctx context.Context, e *env, c *client.Client, id string, w io.Wr
 			fmt.Fprintf(w, "%s  %-12s %s\n", je.Time.Local().Format("15:04:05.000"), ev.Node, eventText(je))
 		}
 	}
-	// The run had ended when the watch began: its end is its view's.
-	v, err := c.Run(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	end := v.End()
-	if e.json() {
-		if err := json.NewEncoder(w).Encode(runLine{End: end}); err != nil {
-			return nil, err
-		}
-	}
-	return end, nil
+	return nil, fmt.Errorf("watch run %s: it ended without the run's end", id)
 }
 
 // runLine is a line of run watch -o json: a node's event, or the run's end.
@@ -338,32 +334,21 @@ func runShow(ctx context.Context, e *env, c *client.Client, id string) error {
 }
 
 func runWatch(ctx context.Context, e *env, c *client.Client, id string) error {
-	// The watch replays nothing: say first how the run stands.
-	v, err := c.Run(ctx, id)
+	// The watch replays nothing: it says first how the run stands.
+	end, err := followRun(ctx, e, c, id, e.stdout, func(v *job.RunView) {
+		if e.json() || v.State.Final() {
+			return
+		}
+		ended := 0
+		for _, n := range v.Nodes {
+			if n.State.Final() {
+				ended++
+			}
+		}
+		fmt.Fprintf(e.stdout, "run %s is running (round %d): %d of %d nodes ended\n", v.RunID, v.Round, ended, len(v.Nodes))
+	})
 	if err != nil {
 		return err
-	}
-	var end *job.RunEnd
-	if v.State.Final() {
-		end = v.End()
-		if e.json() {
-			if err := json.NewEncoder(e.stdout).Encode(runLine{End: end}); err != nil {
-				return err
-			}
-		}
-	} else {
-		if !e.json() {
-			ended := 0
-			for _, n := range v.Nodes {
-				if n.State.Final() {
-					ended++
-				}
-			}
-			fmt.Fprintf(e.stdout, "run %s is running (round %d): %d of %d nodes ended\n", v.RunID, v.Round, ended, len(v.Nodes))
-		}
-		if end, err = followRun(ctx, e, c, id, e.stdout); err != nil {
-			return err
-		}
 	}
 	if !e.json() {
 		printRunEnd(e, end)

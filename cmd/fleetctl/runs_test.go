@@ -305,9 +305,8 @@ func TestRunWatchPrintsNodeEventsAsTheyCome(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// The watch has the run's subjects a moment after it says how the run
-	// stands (it replays nothing): the gate opens after that moment.
-	time.Sleep(time.Second)
+	// The watch says how the run stands once it hears what comes next
+	// (it replays nothing): the gate opens now.
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
