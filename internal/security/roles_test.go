@@ -69,6 +69,29 @@ func (f *fleet) logger(t *testing.T, name string) *slog.Logger {
 	return slog.New(teeHandler{kept.Handler(), fleettest.Logger(t).Handler()})
 }
 
+// waitLogged waits until the process named name has logged a line that
+// holds text.
+func (f *fleet) waitLogged(t *testing.T, name, text string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, l := range f.logs {
+			if l.name != name {
+				continue
+			}
+			for _, line := range l.lines() {
+				if strings.Contains(line, text) {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not log %q within %s", name, text, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // teeHandler hands each record to every handler that takes its level.
 type teeHandler []slog.Handler
 
@@ -600,7 +623,7 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		if s, err := f.client.Pool(ctx, "default"); err != nil || !s.Paused {
 			t.Fatalf("pool show: %+v, %v (violations: %q)", s, err, f.srv.log.violations())
 		}
-		time.Sleep(1500 * time.Millisecond) // the worker reads it every second
+		f.waitLogged(t, "worker w-security", "pool paused", 10*time.Second) // it reads it every second
 		id := f.submit(t, &job.Request{Command: []string{"ok"}})
 		time.Sleep(2 * time.Second)
 		if st, err := f.client.Status(ctx, id); err != nil || st.Job.State != job.StateQueued {
