@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/fleet-dev/fleet/internal/embedded"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/testport"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -257,11 +257,6 @@ func setTotals(ctx context.Context, s *Store, pool, worker string, t Totals) err
 	return syncScript.Run(ctx, s.rdb, keys, syncArgs(b)...).Err()
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+// freeAddr returns a loopback address no one listens on, for a server the
+// test starts (testport: not one the kernel hands out to others meanwhile).
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", testport.Free(t)) }

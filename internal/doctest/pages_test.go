@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +19,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/kubetest"
 	"github.com/fleet-dev/fleet/internal/testenv"
+	"github.com/fleet-dev/fleet/internal/testport"
 )
 
 func TestMain(m *testing.M) { kubetest.Main(m) }
@@ -104,16 +105,11 @@ func (f fleetEnv) vars() []string {
 		"NATS_URL=" + f.natsURL}
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
-}
+// freePort is a port for one of the fleet's listeners: three asked for at
+// once are three (testport), where port 0 gave the same port twice, and a
+// dispatcher's HTTP API found its port taken by its own Redis-protocol
+// store.
+func freePort(t *testing.T) string { return strconv.Itoa(testport.Free(t)) }
 
 // runner is a page's runner: a scratch directory whose bin/ holds the
 // fleet's binaries as make build leaves them, the same binaries and the

@@ -18,6 +18,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -25,8 +26,18 @@ import (
 // ephemeral range.
 const low = 12000
 
-// Free returns a loopback TCP port that is free now and that neither the
-// kernel nor a listener on port 0 will hand out.
+// given holds the ports Free gave in this process: a test that asks for
+// two ports (a server's and its HTTP API's) gets two, even before the
+// first is bound. The kernel would give the same port twice, as port 0
+// did: a port closed is the next one it hands out.
+var given = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// Free returns a loopback TCP port that is free now, that neither the
+// kernel nor a listener on port 0 will hand out, and that Free has not
+// given before in this process.
 func Free(t testing.TB) int {
 	t.Helper()
 	p, err := free(low, ephemeralStart())
@@ -37,15 +48,21 @@ func Free(t testing.TB) int {
 }
 
 func free(lo, hi int) (int, error) {
+	given.Lock()
+	defer given.Unlock()
 	var last error
 	for range 100 {
 		p := lo + rand.IntN(hi-lo)
+		if given.ports[p] {
+			continue
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		if err != nil {
 			last = err
 			continue
 		}
 		l.Close()
+		given.ports[p] = true
 		return p, nil
 	}
 	return 0, fmt.Errorf("testport: no free port in [%d, %d) in 100 tries: %w", lo, hi, last)

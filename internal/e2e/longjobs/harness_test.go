@@ -10,8 +10,8 @@ package longjobs
 
 import (
 	"context"
+	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -33,6 +33,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/kubetest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/redistest"
+	"github.com/fleet-dev/fleet/internal/testport"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -172,18 +173,9 @@ func dur(d time.Duration) *job.Duration {
 	return &v
 }
 
-// freeAddr returns a loopback address no one listens on, for a process the
-// test starts to listen on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
+// freeAddr returns a loopback address no one listens on, for a server the
+// test starts (testport: not one the kernel hands out to others meanwhile).
+func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", testport.Free(t)) }
 
 // scrape reads the value of a counter or gauge from the Prometheus metrics
 // at addr, summed over its series.
