@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -214,11 +215,21 @@ func TestLeaseScriptAnswers(t *testing.T) {
 // moment at thousands of jobs a second. Before the script wrote its
 // changes in chunks, the first failed: Redis's Lua cannot unpack so many
 // values into one call.
+//
+// The embedded store's Lua has no such limit, and under -race runs a call
+// of 6,000 in about the client's I/O timeout (2 s): on a loaded machine
+// the call timed out, and its second try found the leases the first had
+// taken ("dup"). It gets 1,500, three chunks of the script's writes. A
+// lease answered "dup" is held, as the ledger reads it; the usage says
+// each is counted once.
 func TestALargeBatchOfLeases(t *testing.T) {
 	stores(t, func(t *testing.T, url string) {
 		s := open(t, url)
 		ctx := context.Background()
-		const n = 6000
+		n := 6000
+		if strings.HasSuffix(t.Name(), "/embedded") {
+			n = 1500
+		}
 		if err := setTotals(ctx, s, "p", "w", Totals{Slots: n}); err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +244,8 @@ func TestALargeBatchOfLeases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !ops[0].Release && (len(out) != n || out[0] != "ok" || out[n-1] != "ok") {
+			held := func(a string) bool { return a == LeaseOK || a == LeaseDup }
+			if !ops[0].Release && (len(out) != n || !held(out[0]) || !held(out[n-1])) {
 				t.Fatalf("%d answers, first %v", len(out), out[:min(3, len(out))])
 			}
 			u, err := s.Usage(ctx, "p", "w")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fleet-dev/fleet/job"
 )
@@ -19,9 +18,11 @@ func TestRequestAtTheLimitsRuns(t *testing.T) {
 	// As a producer writes it: json.Marshal would escape the "<" already.
 	doc := `{"command":["ok"],"outputs":["out.txt"],"inputs":{"page.html":"` +
 		strings.Repeat("<", job.DefaultLimits.MaxInputBytes) + `"}}`
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := f.client.SubmitJSON(ctx, []byte(doc))
+	// The client's own deadline (30 s): the job message is 1.5 MB, and
+	// under -race on a loaded machine its dispatcher took more than the
+	// 10 s this test once gave it (each try over the dispatcher's 5 s per
+	// submission, and sent again).
+	s, err := f.client.SubmitJSON(context.Background(), []byte(doc))
 	if err != nil {
 		t.Fatalf("submit: %v", err)
 	}
