@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 var (
@@ -30,7 +32,7 @@ func Binary(t testing.TB, name string) string {
 			buildErr = err
 			return
 		}
-		buildDir, buildErr = os.MkdirTemp("", "fleet-bin-")
+		buildDir, buildErr = testenv.ProcessDir("fleet-bin-")
 		if buildErr != nil {
 			return
 		}

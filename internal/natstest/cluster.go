@@ -20,6 +20,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/fleet-dev/fleet/internal/testenv"
 )
 
 // Cluster is a JetStream cluster of real nats-server processes on loopback,
@@ -71,7 +73,7 @@ func ServerBinary(t testing.TB) string {
 			serverErr = errors.New("go env GOMOD: not inside the module")
 			return
 		}
-		dir, err := os.MkdirTemp("", "fleet-nats-server-")
+		dir, err := testenv.ProcessDir("fleet-nats-server-")
 		if err != nil {
 			serverErr = err
 			return
