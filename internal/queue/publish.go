@@ -130,6 +130,8 @@ func (w *woken) NextBackOff() time.Duration {
 // Publish stores m in its stream, sending it again while the answer is
 // ambiguous (see Ambiguous) until ctx ends. m must carry a message id
 // (Nats-Msg-Id), which makes a second copy a duplicate the stream drops.
+// The answer is the last try's: Duplicate when a try whose answer was lost
+// had stored m (m is stored once either way).
 func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
 	if m.Header.Get(HeaderMsgID) == "" {
 		return nil, fmt.Errorf("publish %s: the message has no id, so it cannot be sent again safely", m.Subject)
