@@ -75,18 +75,8 @@ func TestChaosOnACluster(t *testing.T) {
 	// so that a job meets one election, and what the fleet adds to it
 	// (TestFailoverCostsOnlyTheElections) is well under a second: the worst
 	// stays under 10 s.
-	for _, r := range []struct {
-		name string
-		run
-	}{{"three nodes killed, submitted by request", storm}, {"three nodes killed, submitted to the intake stream", stored}} {
-		t.Logf("%s: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
-			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.p50.Round(time.Millisecond),
-			r.worst.Round(time.Millisecond), r.lost, r.unheard)
-		fleettest.Target(t, r.worst <= 10*time.Second, "%s: the worst submit→result latency was %s, over 10 s", r.name, r.worst)
-		if calm.jobs > 0 {
-			fleettest.Target(t, r.rate() >= 0.9*calm.rate(), "%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run", r.name, r.rate(), calm.rate())
-		}
-	}
+	report(t, "three nodes killed, submitted by request", storm, calm)
+	report(t, "three nodes killed, submitted to the intake stream", stored, calm)
 	for _, p := range append(ds, workers...) {
 		if p.Wait(0) {
 			t.Fatalf("a process exited when NATS nodes died:\n%s", p.Output())

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/historytest"
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
@@ -47,6 +48,22 @@ type timing struct {
 }
 
 func (r run) rate() float64 { return float64(r.jobs) / r.took.Seconds() }
+
+// report logs a run with servers killed, and holds it to the failover
+// targets (fleettest.Target): the worst submit→result under 10 s, and,
+// when there was an undisturbed run (calm, with the targets on), the
+// throughput at 0.9 times its own or more.
+func report(t *testing.T, name string, r, calm run) {
+	t.Helper()
+	t.Logf("%s: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
+		name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.p50.Round(time.Millisecond),
+		r.worst.Round(time.Millisecond), r.lost, r.unheard)
+	fleettest.Target(t, r.worst <= 10*time.Second, "%s: the worst submit→result latency was %s, over 10 s", name, r.worst)
+	if calm.jobs > 0 {
+		fleettest.Target(t, r.rate() >= 0.9*calm.rate(), "%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run",
+			name, r.rate(), calm.rate())
+	}
+}
 
 // offer submits n jobs at rate per second through the seed list, killing
 // nodes as storm says (each restarted two seconds later), and waits for

@@ -52,22 +52,8 @@ func TestKillAndRestartOneServer(t *testing.T) {
 			{at: 9 * time.Second, why: "the server a third time"},
 		}
 	}
-	runs := []struct {
-		name string
-		run
-	}{
-		{"killed three times, submitted by request", offer(t, c, "storm", jobs, rate, false, kills())},
-		{"killed three times, submitted to the intake stream", offer(t, c, "stored", jobs, rate, true, kills())},
-	}
-	for _, r := range runs {
-		t.Logf("%s: %d jobs in %s, %.0f jobs/s, submit→result p50 %s, worst %s; %d attempts lost, %d results heard by no subscriber",
-			r.name, r.jobs, r.took.Round(time.Millisecond), r.rate(), r.p50.Round(time.Millisecond),
-			r.worst.Round(time.Millisecond), r.lost, r.unheard)
-		fleettest.Target(t, r.worst <= 10*time.Second, "%s: the worst submit→result latency was %s, over 10 s", r.name, r.worst)
-		if calm.jobs > 0 {
-			fleettest.Target(t, r.rate() >= 0.9*calm.rate(), "%s: %.0f jobs/s, under 0.9 × the %.0f jobs/s of the undisturbed run", r.name, r.rate(), calm.rate())
-		}
-	}
+	report(t, "killed three times, submitted by request", offer(t, c, "storm", jobs, rate, false, kills()), calm)
+	report(t, "killed three times, submitted to the intake stream", offer(t, c, "stored", jobs, rate, true, kills()), calm)
 	for _, p := range []*fleettest.Proc{d, w} {
 		if p.Wait(0) {
 			t.Fatalf("a process exited when the NATS server died:\n%s", p.Output())
