@@ -102,12 +102,19 @@ pick_port() {
 	done
 	die "no free port found"
 }
-etcd_port="$(pick_port)"
-etcd_peer_port="$(pick_port)"
-api_port="$(pick_port)"
-kcm_port="$(pick_port)"
-sched_port="$(pick_port)"
-kwok_port="$(pick_port)"
+# The tests pick the six ports themselves (FLEET_K8S_PORTS), claimed so
+# that no other test binary of the machine takes them; alone, up.sh picks.
+if [[ -n "${FLEET_K8S_PORTS:-}" ]]; then
+	read -r etcd_port etcd_peer_port api_port kcm_port sched_port kwok_port <<<"$FLEET_K8S_PORTS"
+	[[ -n "$kwok_port" ]] || die "FLEET_K8S_PORTS holds six ports, not: $FLEET_K8S_PORTS"
+else
+	etcd_port="$(pick_port)"
+	etcd_peer_port="$(pick_port)"
+	api_port="$(pick_port)"
+	kcm_port="$(pick_port)"
+	sched_port="$(pick_port)"
+	kwok_port="$(pick_port)"
+fi
 
 # --- PKI --------------------------------------------------------------------
 

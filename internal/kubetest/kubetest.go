@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/fleet-dev/fleet/internal/testenv"
+	"github.com/fleet-dev/fleet/internal/testport"
 )
 
 // Pod annotations understood by the kwok Stages of hack/k8senv/stages. Set them
@@ -157,10 +159,10 @@ func start() (*Env, error) {
 		}
 	}
 
-	// up.sh picks free ports and then starts the components on them; a
-	// test binary running beside it may take one in between. A component
-	// that finds its port taken makes the whole start fail, and it is
-	// tried again on new ports.
+	// up.sh starts the components on ports testport picked and claimed;
+	// a process that is not a test binary may still take one in between.
+	// A component that finds its port taken makes the whole start fail,
+	// and it is tried again on new ports.
 	var runDir string
 	for try := 1; ; try++ {
 		var out string
@@ -192,7 +194,16 @@ func up(dir string) (runDir, output string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "up.sh"), runDir)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("FLEET_K8S_WATCH_PID=%d", os.Getpid()))
+	ports := make([]string, 6)
+	for i := range ports {
+		p, err := testport.Pick()
+		if err != nil {
+			return "", "", err
+		}
+		ports[i] = strconv.Itoa(p)
+	}
+	cmd.Env = append(os.Environ(), fmt.Sprintf("FLEET_K8S_WATCH_PID=%d", os.Getpid()),
+		"FLEET_K8S_PORTS="+strings.Join(ports, " "))
 	cmd.WaitDelay = 10 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout = &out

@@ -48,6 +48,10 @@ type node struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// logFrom is where the running process's lines begin in log; exit
+	// is how it ended, once done is closed.
+	logFrom int64
+	exit    error
 	// kills are when the test killed it.
 	kills []time.Time
 }
@@ -132,9 +136,10 @@ func run(t testing.TB, n int) *Cluster {
 		c.nodes = append(c.nodes, nd)
 	}
 	t.Cleanup(c.cleanup)
-	// A free port is found by listening on :0 and closing; another process
-	// may take it before the server binds it. Then all start again on new
-	// ports, since every configuration names the others' route ports.
+	// The ports are claimed for this test binary (testport), but a
+	// process that is not one may take a port before the server binds
+	// it. Then all start again on new ports, since every configuration
+	// names the others' route ports.
 	for try := 1; ; try++ {
 		c.configure(t)
 		for _, nd := range c.nodes {
@@ -208,11 +213,22 @@ func (c *Cluster) start(nd *node, bin string) {
 		logf.Close()
 		c.t.Fatalf("start nats-server %s: %v", nd.name, err)
 	}
+	var from int64
+	if st, err := logf.Stat(); err == nil {
+		from = st.Size()
+	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
 	nd.mu.Lock()
-	nd.cmd, nd.done = cmd, done
+	nd.cmd, nd.done, nd.logFrom, nd.exit = cmd, done, from, nil
 	nd.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		nd.mu.Lock()
+		nd.exit = err
+		nd.mu.Unlock()
+		close(done)
+	}()
 }
 
 // waitListening waits until server i accepts client connections.
@@ -229,7 +245,7 @@ func (c *Cluster) waitListening(i int) error {
 		nd.mu.Unlock()
 		select {
 		case <-done:
-			return fmt.Errorf("nats-server %s exited while starting:\n%s", nd.name, tail(nd.log, 8<<10))
+			return fmt.Errorf("nats-server %s exited while starting: %s", nd.name, nd.exited())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -237,6 +253,34 @@ func (c *Cluster) waitListening(i int) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// exited says how the server's last process ended: its exit status, the
+// errors it logged, then the end of what it logged (the errors first, so
+// that a report cut short still shows them).
+func (nd *node) exited() string {
+	nd.mu.Lock()
+	from, exit := nd.logFrom, nd.exit
+	nd.mu.Unlock()
+	b, err := os.ReadFile(nd.log)
+	if err != nil {
+		return fmt.Sprintf("%v; its log: %v", exit, err)
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	lines := strings.Split(strings.TrimRight(string(b[from:]), "\n"), "\n")
+	var bad []string
+	for _, l := range lines {
+		if strings.Contains(l, "[ERR]") || strings.Contains(l, "[FTL]") || strings.Contains(l, "panic") {
+			bad = append(bad, l)
+		}
+	}
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	return fmt.Sprintf("%v\nthe errors it logged:\n%s\nthe last lines it logged:\n%s",
+		exit, strings.Join(bad, "\n"), strings.Join(lines, "\n"))
 }
 
 // Size is the number of servers.
