@@ -67,6 +67,10 @@ type Ledger struct {
 
 	mu     sync.Mutex
 	leases map[key]capacity.Lease
+	// asking holds the leases Redis is asked to check (a quota or the
+	// pool's bound) and has not yet answered: counted here, but not
+	// written by a heartbeat, which would put them in Redis unchecked.
+	asking map[key]bool
 	// accrued is, per lease, until when its run time was counted in its
 	// tenant's usage.
 	accrued map[key]time.Time
@@ -156,7 +160,7 @@ func New(s *capacity.Store, cfg Config) *Ledger {
 		metric.WithDescription("Round trips to Redis for leases and heartbeats"))
 	return &Ledger{
 		s: s, cfg: cfg, log: cfg.Logger.With("component", "capacity"), calls: calls, wait: capacity.WaitHistogram(),
-		leases: map[key]capacity.Lease{}, accrued: map[key]time.Time{},
+		leases: map[key]capacity.Lease{}, asking: map[key]bool{}, accrued: map[key]time.Time{},
 		totals: capacity.Totals{Slots: cfg.Slots, CPUMilli: cfg.CPUMilli, MemoryBytes: cfg.MemoryBytes, GPUs: cfg.GPUs},
 		wake:   make(chan struct{}, 1),
 	}
@@ -258,6 +262,7 @@ func (r *Ledger) Reserve(ctx context.Context, l capacity.Lease) error {
 	reply := make(chan error, 1)
 	o.reply = reply
 	r.ops = append(r.ops, o)
+	r.asking[keyOf(l)] = true
 	r.mu.Unlock()
 	start := time.Now()
 	defer func() { r.wait.Record(ctx, time.Since(start).Seconds(), opReserve) }()
@@ -452,6 +457,11 @@ func (r *Ledger) flush(ctx context.Context) {
 			r.noteOutage(err)
 		}
 	}
+	r.mu.Lock()
+	for _, o := range reserves {
+		delete(r.asking, keyOf(o.Lease))
+	}
+	r.mu.Unlock()
 	for i, o := range reserves {
 		if err != nil || outage || i >= len(replies) {
 			o.answer(nil) // Redis is away: local accounting decided
@@ -581,7 +591,10 @@ func (r *Ledger) heartbeat(ctx context.Context) {
 	b.Leases = make([]capacity.Lease, 0, len(r.leases))
 	b.Accrued = map[string]time.Duration{}
 	up := r.s.Up()
-	for _, l := range r.leases {
+	for k, l := range r.leases {
+		if r.asking[k] {
+			continue // Redis checks it with the batch that carries it
+		}
 		b.Leases = append(b.Leases, l)
 		if up {
 			b.Accrued[l.TenantOf()] += r.accrue(l, now)
