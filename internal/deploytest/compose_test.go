@@ -144,9 +144,11 @@ func TestComposeConfig(t *testing.T) {
 
 	// Two Docker workers: the socket, and each its own workspace folder at
 	// the same path on the host and in the container.
+	// Their ids carry the project's name: another project's workers on
+	// the same Docker host have others (see TestComposeWorkerIDsAreTheProjects).
 	for _, name := range []string{"worker-1", "worker-2"} {
 		w := p.Services[name]
-		if !slices.Equal(w.Command, []string{"worker", "--executor", "docker"}) || w.env("FLEET_ID") != name {
+		if !slices.Equal(w.Command, []string{"worker", "--executor", "docker"}) || w.env("FLEET_ID") != "fleet-"+name {
 			t.Errorf("%s: command %v, FLEET_ID %q", name, w.Command, w.env("FLEET_ID"))
 		}
 		var socket, data bool
@@ -173,8 +175,27 @@ func TestComposeConfig(t *testing.T) {
 
 	// FLEET_DATA_ROOT moves the workspaces.
 	q := composeConfig(t, toolEnv(t, "FLEET_DATA_ROOT=/srv/fleet-x"))
-	if got := q.Services["worker-1"].env("FLEET_DATA_DIR"); got != "/srv/fleet-x/worker-1" {
+	if got := q.Services["worker-1"].env("FLEET_DATA_DIR"); got != "/srv/fleet-x/fleet-worker-1" {
 		t.Errorf("with FLEET_DATA_ROOT=/srv/fleet-x, FLEET_DATA_DIR is %q", got)
+	}
+}
+
+// Two projects of docker-compose.yml on one Docker host have workers of
+// different ids and folders: a worker that starts removes every container
+// its id left on the host, and would remove the other project's running
+// jobs (it did: TestComposeClusterUpRunsAJob's job container was removed
+// 3 ms after it started, while another make test's compose project
+// started its worker-2).
+func TestComposeWorkerIDsAreTheProjects(t *testing.T) {
+	a := composeConfig(t, toolEnv(t), "-p", "staging")
+	b := composeConfig(t, toolEnv(t), "-p", "production")
+	for _, name := range []string{"worker-1", "worker-2"} {
+		if id := a.Services[name].env("FLEET_ID"); id != "staging-"+name {
+			t.Errorf("project staging, %s: FLEET_ID %q", name, id)
+		}
+		if x, y := a.Services[name].env("FLEET_DATA_DIR"), b.Services[name].env("FLEET_DATA_DIR"); x == y {
+			t.Errorf("%s of both projects keeps its workspaces in %s", name, x)
+		}
 	}
 }
 
@@ -231,6 +252,7 @@ type composeFleet struct {
 	api      string
 	token    string
 	suffix   string
+	project  string
 	jobImage string
 	nc       *nats.Conn
 	client   *fleetclient.Client
@@ -267,7 +289,8 @@ func composeUp(t *testing.T, files []string, standIns string) *composeFleet {
 	root := repoRoot(t)
 	env := toolEnv(t, "FLEET_IMAGE="+tag, "FLEET_API_TOKEN="+f.token, "FLEET_DATA_ROOT="+dataRoot,
 		"FLEET_NATS_PORT=", "FLEET_HTTP_PORT=", "FLEET_LOG_LEVEL=debug")
-	project := []string{"-p", "fleet-deploytest-" + f.suffix, "-f", filepath.Join(root, "docker-compose.yml")}
+	f.project = "fleet-deploytest-" + f.suffix
+	project := []string{"-p", f.project, "-f", filepath.Join(root, "docker-compose.yml")}
 	for _, file := range files {
 		project = append(project, "-f", filepath.Join(root, file))
 	}
@@ -320,11 +343,12 @@ func (f *composeFleet) waitWorkers(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := apiGet(t, f.api+"/v1/workers", f.token)
-		if code == http.StatusOK && strings.Contains(body, `"worker-1"`) && strings.Contains(body, `"worker-2"`) {
+		w1, w2 := f.project+"-worker-1", f.project+"-worker-2"
+		if code == http.StatusOK && strings.Contains(body, `"`+w1+`"`) && strings.Contains(body, `"`+w2+`"`) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("GET /v1/workers: %d %s; want worker-1 and worker-2", code, tail(body, 500))
+			t.Fatalf("GET /v1/workers: %d %s; want %s and %s", code, tail(body, 500), w1, w2)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
