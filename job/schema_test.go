@@ -55,6 +55,9 @@ var schemaOf = map[string]string{
 	"run-view":         schemas.RunAnswer + "#/$defs/view",
 	"run-reply":        schemas.RunAnswer + "#/$defs/reply",
 	"run-list":         schemas.RunAnswer + "#/$defs/list",
+
+	"feed-request": schemas.Feed + "#/$defs/request",
+	"feed-reply":   schemas.Feed + "#/$defs/reply",
 }
 
 // runMessages are the kinds of the messages of a run, which run-record.v1
@@ -66,7 +69,7 @@ var runMessages = []string{"run-definition", "run-node-ended", "run-cancel", "ru
 // invalid fixtures are the schema's to refuse (what the fleet writes is
 // held to the schema by TestGoDocumentsMatchSchemas, and by the outside
 // client's test of the dispatcher's answers).
-var answers = map[string]bool{"run-submit-reply": true, "run-view": true, "run-reply": true, "run-list": true}
+var answers = map[string]bool{"run-submit-reply": true, "run-view": true, "run-reply": true, "run-list": true, "feed-reply": true}
 
 // writtenAs is the kind of what Go writes back of a kind, where it is not
 // the same: the fleet writes v2 requests (Normalize fills in a priority,
@@ -155,6 +158,10 @@ func goDecode(kind string, data []byte) ([]byte, error) {
 		return reencode(decodeAnswer[job.RunReply](data))
 	case "run-list":
 		return reencode(decodeAnswer[job.RunList](data))
+	case "feed-request":
+		return reencode(job.DecodeFeedRequest(data))
+	case "feed-reply":
+		return reencode(decodeAnswer[job.FeedReply](data))
 	}
 	panic(kind)
 }
@@ -250,7 +257,8 @@ func TestFixturesAgreeWithSchemas(t *testing.T) {
 		"run-cancel/valid", "run-cancel/invalid", "run-retry/valid", "run-retry/invalid",
 		"run-end/valid", "run-end/invalid", "run-end/semantic",
 		"run-submit-reply/valid", "run-submit-reply/invalid", "run-view/valid", "run-view/invalid",
-		"run-reply/valid", "run-reply/invalid", "run-list/valid", "run-list/invalid"} {
+		"run-reply/valid", "run-reply/invalid", "run-list/valid", "run-list/invalid",
+		"feed-request/valid", "feed-request/invalid", "feed-request/semantic", "feed-reply/valid", "feed-reply/invalid"} {
 		if counts[k] == 0 {
 			t.Errorf("no fixtures in %s", k)
 		}
@@ -327,6 +335,7 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		t.Fatal("EndOf: not the end of a node")
 	}
 	set = map[string]bool{}
+	epoch := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	for _, c := range []struct {
 		kind string
 		doc  any
@@ -343,6 +352,10 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		{"run-view", sampleRunView()},
 		{"run-reply", sampleRunReply()},
 		{"run-list", &job.RunList{Runs: []string{"nightly", "weekly"}}},
+		{"feed-request", &job.FeedRequest{From: "new", Pool: "gpu", AckWait: job.Duration(time.Minute), MaxAckPending: 10}},
+		{"feed-request", &job.FeedRequest{StartSeq: 7}},
+		{"feed-request", &job.FeedRequest{StartTime: &epoch}},
+		{"feed-reply", &job.FeedReply{Stream: "FLEET_FEED_acme", Consumer: "billing", Subject: "fleet.t.acme.job.>"}},
 	} {
 		fieldsSet(reflect.ValueOf(c.doc), set)
 		data, err := json.Marshal(c.doc)

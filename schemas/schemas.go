@@ -41,6 +41,10 @@ const (
 	RunAnswer = "run-answer.v1.json"
 )
 
+// Feed is a tenant's request for a consumer of its feed, and the answer,
+// each one of the schema's $defs (job.FeedRequest, job.FeedReply).
+const Feed = "feed.v1.json"
+
 // BaseURL is the prefix of every schema's $id.
 const BaseURL = "https://fleet.dev/schemas/"
 
