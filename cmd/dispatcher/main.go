@@ -58,6 +58,7 @@ type flags struct {
 	maxRequest  int
 	memoryStore bool
 	v1          bool
+	feeds       bool
 	pprof       bool
 	redis       cli.RedisFlags
 	admission   string
@@ -91,6 +92,8 @@ func run(args []string) error {
 	fs.IntVar(&f.maxRequest, "max-request-bytes", job.DefaultLimits.MaxRequestBytes, "largest request accepted")
 	fs.Int64Var(&f.maxInputRef, "max-input-ref-bytes", job.DefaultMaxInputRefBytes, "largest total size of a request's inputs by reference (give workers the same)")
 	fs.IntVar(&f.maxRunNodes, "max-run-nodes", job.DefaultMaxRunNodes, "most nodes of one run; a larger run is refused whole")
+	fs.BoolVar(&f.feeds, "feeds", true, "keep each tenant's feed: a stream of the final version and rejection of each of its jobs, "+
+		"which the tenant reads with a consumer the dispatchers make on its request (see docs/contract.md, \"The feed\")")
 	fs.BoolVar(&f.v1, "v1", true, "keep contract v1 working beside v2 for its producers and consumers: "+
 		"fleet.submit[.direct], fleet.cancel.<id>, fleet.events.<id>, fleet.results.<id> and the jobs bucket, "+
 		"for the default tenant (off in the production profiles; see docs/contract.md on moving to v2)")
@@ -213,6 +216,7 @@ func run(args []string) error {
 		Limits:        job.Limits{MaxRequestBytes: f.maxRequest, MaxInputRefBytes: f.maxInputRef},
 		MaxRunNodes:   f.maxRunNodes,
 		ScheduleLease: f.schedLease,
+		NoFeeds:       !f.feeds,
 		Logger:        log,
 	}
 	if admission != nil {

@@ -186,6 +186,7 @@ func TestChartValuesReachTheirFlags(t *testing.T) {
 	want := map[string]map[string]string{
 		"fleet-flags-dispatcher": {
 			"FLEET_CONSOLE":             "false",
+			"FLEET_FEEDS":               "false",
 			"FLEET_CONSOLE_READ_ONLY":   "true",
 			"FLEET_TRACE_URL":           "https://jaeger.example/trace/{trace_id}",
 			"FLEET_MAX_REQUEST_BYTES":   "1048576",

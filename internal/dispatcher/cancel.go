@@ -184,6 +184,8 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 			v, err = d.RetryDeadLetter(ctx, tenant, id)
 		case "uploads":
 			v, err = d.Uploads(ctx, tenant)
+		case "feed":
+			v, err = d.FeedConsumer(ctx, tenant, id, m.Data)
 		default:
 			return json.Marshal(&job.ErrorReply{Error: "unknown request " + verb})
 		}

@@ -72,6 +72,9 @@ type Config struct {
 	// RunsPinnedTTL is how long the runs wait when the dispatcher that
 	// releases their nodes dies. Defaults to runs.DefaultPinnedTTL.
 	RunsPinnedTTL time.Duration
+	// NoFeeds keeps the tenants' feeds (see queue.EnsureFeed) from being
+	// made: their jobs' final versions are then only republished live.
+	NoFeeds bool
 	// Now is the schedules' clock. Defaults to time.Now; tests move it.
 	Now func() time.Time
 	// Logger defaults to slog.Default().
@@ -143,6 +146,7 @@ type Dispatcher struct {
 	pools   sync.Map // pool → true, once its stream is ensured
 	queues  sync.Map // queueOf → *poolSetup, once its consumer is ensured
 	uploads sync.Map // tenant → true, once its uploads bucket is ensured
+	feeds   sync.Map // feedOf → *poolSetup, once the tenant's feed sources the pool
 	// poolNames lists the pools that have a stream, as last listed.
 	poolsMu     sync.Mutex
 	poolNames   []string
@@ -285,6 +289,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.names.AllRequests("history"): d.onRequest,
 		d.names.AllRequests("retry"):   d.onRequest,
 		d.names.AllUploadsRequests():   d.onRequest,
+		d.names.AllRequests("feed"):    d.onRequest,
 		d.names.AllPools():             d.onPool,
 		d.names.AllScheduleRequests():  d.onSchedule,
 		d.names.AllRunRequests():       d.onRunRequest,
@@ -557,6 +562,8 @@ type metrics struct {
 	// queueMoves counts the consumers the placer moved to their stream's
 	// leader.
 	queueMoves metric.Int64Counter
+	// feedConsumers counts the consumers of tenants' feeds asked for.
+	feedConsumers metric.Int64Counter
 	// byPool are the attribute sets of the pools' submissions.
 	byPool *telemetry.Options[string]
 }
@@ -580,5 +587,7 @@ func newMetrics(m metric.Meter) metrics {
 		metric.WithDescription("Stream leaders moved to another server to spread them over a NATS cluster"))
 	x.queueMoves, _ = m.Int64Counter("fleet.dispatcher.queues.moved",
 		metric.WithDescription("Consumers of the pools' queues and of the intake moved to the server that leads their stream, by stream"))
+	x.feedConsumers, _ = m.Int64Counter("fleet.dispatcher.feed_consumers.made",
+		metric.WithDescription("Consumers of tenants' feeds made (or found as asked) on their request"))
 	return x
 }

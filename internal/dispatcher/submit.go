@@ -195,6 +195,9 @@ func (d *Dispatcher) admitted(ctx context.Context, tenant string, req *job.Reque
 	if err := d.ensurePool(ctx, req.Pool); err != nil {
 		return nil, nil, errTransient{err}
 	}
+	if err := d.ensureFeed(ctx, tenant, req.Pool); err != nil {
+		return nil, nil, errTransient{err}
+	}
 	if err := d.ensureQueue(ctx, req.Pool, queue.QueueKey{Priority: req.Priority, Tenant: tenant}); err != nil {
 		return nil, nil, errTransient{err}
 	}
@@ -269,6 +272,10 @@ func (d *Dispatcher) reject(ctx context.Context, tenant, id, pool string, cause 
 	rec := &job.Record{ID: id, Tenant: tenant, Pool: pool, State: job.StateRejected, Event: job.EventRejected,
 		SubmittedAt: t, UpdatedAt: t, Failure: f, Message: reason, TraceID: telemetry.TraceID(ctx)}
 	if err := d.ensurePool(ctx, pool); err != nil {
+		d.log.Warn("rejected record not written", "job_id", id, "err", err)
+		return reply, nil
+	}
+	if err := d.ensureFeed(ctx, tenant, pool); err != nil {
 		d.log.Warn("rejected record not written", "job_id", id, "err", err)
 		return reply, nil
 	}
