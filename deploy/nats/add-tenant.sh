@@ -6,7 +6,7 @@
 # It copies the block of tenant "default" (between "# BEGIN TENANT default"
 # and "# END TENANT default") with the tenant's name in place of default's
 # (its subjects fleet.t.<tenant>.*, its runs' requests and live messages
-# among them, its bucket fleet-uploads-<tenant>, the chunks
+# among them, its feed FLEET_FEED_<tenant>, its bucket fleet-uploads-<tenant>, the chunks
 # $O.*.C.<tenant>.* and records fleet.p.*.*.<tenant>.* it may read, its
 # inbox _INBOX.producer.<tenant> and its key variable) above the
 # "# END TENANTS" line. The new user reads its public key from

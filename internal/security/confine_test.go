@@ -195,6 +195,19 @@ func newVictimRun(t *testing.T, f *fleet) string {
 	return r.ID
 }
 
+// newVictimFeed asks for a consumer of tenant default's feed, which
+// holds the victim's result, and returns its name.
+func newVictimFeed(t *testing.T, f *fleet) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := f.client.FeedConsumer(ctx, "victim", nil)
+	if err != nil {
+		t.Fatalf("a consumer of default's feed: %v", err)
+	}
+	return r.Consumer
+}
+
 // chunk is the subject of the first chunk of an object.
 func chunk(t *testing.T, f *fleet, bucket, key string) string {
 	t.Helper()
@@ -222,6 +235,7 @@ func TestRolesAreConfined(t *testing.T) {
 
 	sched := newVictimSchedule(t, f)
 	run := newVictimRun(t, f)
+	feed := newVictimFeed(t, f)
 	outChunk := chunk(t, f, v.output.Bucket, v.output.Key)
 	upChunk := chunk(t, f, v.upload.Bucket, v.upload.Key)
 	before := map[string]uint64{}
@@ -362,6 +376,26 @@ func TestRolesAreConfined(t *testing.T) {
 		{"acme ends its own run", acme, "pub", "fleet.r.acme.forged.end.1", ended},
 		{"acme forges its own run's live end", acme, "pub", "fleet.t.acme.run.forged.end.1", ended},
 
+		// The producer of tenant acme, against tenant default's feed; and
+		// its own feed's consumers are the dispatchers' to make: one that
+		// delivers could deliver onto any subject (another tenant's cancel
+		// requests, its live records).
+		{"acme asks for a consumer of default's feed", acme, "req", "fleet.t.default.feed.peek", nil},
+		{"acme pulls default's feed", acme, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_FEED_default." + feed, pull},
+		{"acme looks at default's feed consumer", acme, "req", "$JS.API.CONSUMER.INFO.FLEET_FEED_default." + feed, nil},
+		{"acme deletes default's feed consumer", acme, "req", "$JS.API.CONSUMER.DELETE.FLEET_FEED_default." + feed, nil},
+		{"acme acknowledges default's feed", acme, "pub", "$JS.ACK.FLEET_FEED_default." + feed + ".1.1.1.1.0", "+ACK"},
+		{"acme reads default's feed by direct get", acme, "req", "$JS.API.DIRECT.GET.FLEET_FEED_default", lastOf("fleet.t.default.job.gpu.r." + v.id)},
+		{"acme looks up default's feed", acme, "req", "$JS.API.STREAM.INFO.FLEET_FEED_default", nil},
+		{"acme makes a consumer of its own feed", acme, "req", "$JS.API.CONSUMER.CREATE.FLEET_FEED_acme.mine.fleet.t.acme.job.>",
+			map[string]any{"stream_name": "FLEET_FEED_acme", "config": map[string]any{"durable_name": "mine",
+				"filter_subject": "fleet.t.acme.job.>", "deliver_subject": "fleet.t.default.cancel." + v.id}}},
+		{"acme makes a durable consumer of its own feed", acme, "req", "$JS.API.CONSUMER.DURABLE.CREATE.FLEET_FEED_acme.mine", nil},
+		{"acme changes its own feed", acme, "req", "$JS.API.STREAM.UPDATE.FLEET_FEED_acme", nil},
+		{"acme purges its own feed", acme, "req", "$JS.API.STREAM.PURGE.FLEET_FEED_acme", nil},
+		{"a default worker pulls a tenant's feed", work, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_FEED_default." + feed, pull},
+		{"a default worker asks for a tenant's feed consumer", work, "req", "fleet.t.default.feed.peek", nil},
+
 		// The dispatcher takes no jobs and stores no files.
 		{"the dispatcher pulls a pool's jobs", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.jobs-gpu", pull},
 		{"the dispatcher pulls tenant default's queue", f.disp, "req", "$JS.API.CONSUMER.MSG.NEXT.FLEET_POOL_gpu.q3-default", pull},
@@ -422,6 +456,9 @@ func TestRolesAreConfined(t *testing.T) {
 		}
 		if l, err := f.acme.Runs(ctx); err != nil || len(l) != 0 {
 			t.Errorf("tenant acme's runs: %q, %v", l, err)
+		}
+		if c, err := f.d.JetStream().Consumer(ctx, "FLEET_FEED_default", feed); err != nil || c.CachedInfo().Delivered.Consumer != 0 {
+			t.Errorf("tenant default's feed consumer: %v; want it there, nothing delivered", err)
 		}
 		o, err := f.client.Output(ctx, v.id, "out.bin")
 		if err != nil {

@@ -149,6 +149,35 @@ func TestAnOutsideClientFollowsAJob(t *testing.T) {
 	}
 	out := rec.Result.Artifacts["out.bin"]
 
+	// The result from the tenant's feed, which misses nothing: a consumer
+	// a dispatcher makes on the tenant's request, pulled and acknowledged
+	// with the CLI, then nothing left on it. The tenant may not make one.
+	var fr job.FeedReply
+	if err := json.Unmarshal(c.run(t, roleTenant("acme"), "request", "--raw", "fleet.t.acme.feed.cli", `{"pool": "gpu"}`), &fr); err != nil ||
+		fr.Stream != "FLEET_FEED_acme" || fr.Consumer != "cli" || fr.Subject != "fleet.t.acme.job.gpu.>" {
+		t.Fatalf("feed consumer: %+v, %v", fr, err)
+	}
+	next := c.run(t, roleTenant("acme"), "consumer", "next", fr.Stream, fr.Consumer, "--count", "1")
+	if !strings.Contains(string(next), "fleet.t.acme.job.gpu.r."+id) || !strings.Contains(string(next), `"state":"succeeded"`) {
+		t.Fatalf("nats consumer next: %s", next)
+	}
+	info := c.run(t, roleTenant("acme"), "consumer", "info", fr.Stream, fr.Consumer, "--json")
+	var ci struct {
+		NumPending    uint64 `json:"num_pending"`
+		NumAckPending int    `json:"num_ack_pending"`
+	}
+	if err := json.Unmarshal(info, &ci); err != nil || ci.NumPending != 0 || ci.NumAckPending != 0 {
+		t.Fatalf("nats consumer info: %s, %v", info, err)
+	}
+	var addErr bytes.Buffer
+	add := c.cmd(ctx, roleTenant("acme"), "--timeout", "1s", "consumer", "add", fr.Stream, "mine", "--pull", "--defaults")
+	add.Stderr = &addErr
+	if out, err := add.Output(); err == nil || !strings.Contains(addErr.String(), "Permissions Violation") {
+		t.Fatalf("nats consumer add by the tenant: %v: %s%s", err, out, addErr.Bytes())
+	}
+	refused(t, f.srv, nil, "$JS.API.CONSUMER.CREATE."+fr.Stream+".mine")
+	f.srv.log.forget("$JS.API.CONSUMER.CREATE." + fr.Stream + ".mine")
+
 	// Another tenant's job is not acme's to ask about.
 	var stderr bytes.Buffer
 	asked := c.cmd(ctx, roleTenant("acme"), "--timeout", "1s", "request", "fleet.t.default.status."+id, "")

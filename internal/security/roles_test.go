@@ -360,6 +360,72 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		}
 	})
 
+	t.Run("a tenant reads its feed", func(t *testing.T) {
+		id := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"ok"}})
+		if r := result(t, f, f.acme, id); r.Status != job.StatusSucceeded {
+			t.Fatalf("result: %+v", r)
+		}
+		reply, err := f.acme.FeedConsumer(ctx, "roles", &job.FeedRequest{Pool: "gpu"})
+		if err != nil {
+			t.Fatalf("acme's feed consumer: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		// With the producer's own connection, as any JetStream client.
+		js, err := jetstream.New(f.acmeConn.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := js.Consumer(ctx, reply.Stream, reply.Consumer)
+		if err != nil {
+			t.Fatalf("look up the consumer: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		for found := false; !found; {
+			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for m := range batch.Messages() {
+				if !strings.HasPrefix(m.Subject(), "fleet.t.acme.job.gpu.") {
+					t.Fatalf("acme's gpu feed delivered %s", m.Subject())
+				}
+				found = found || m.Subject() == "fleet.t.acme.job.gpu.r."+id
+				if err := m.DoubleAck(ctx); err != nil {
+					t.Fatalf("ack %s: %v (violations: %q)", m.Subject(), err, f.srv.log.violations())
+				}
+			}
+			if err := batch.Error(); err != nil || ctx.Err() != nil {
+				t.Fatalf("pull: %v, %v (violations: %q)", err, ctx.Err(), f.srv.log.violations())
+			}
+		}
+		// What else the nats CLI does with a feed: look at the stream,
+		// read a message of it (by sequence and last of a subject), list
+		// the consumers, delete one.
+		s, err := js.Stream(ctx, reply.Stream)
+		if err != nil {
+			t.Fatalf("stream info: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		last, err := s.GetLastMsgForSubject(ctx, "fleet.t.acme.job.gpu.r."+id)
+		if err != nil {
+			t.Fatalf("the last message of the job's subject: %v (violations: %q)", err, f.srv.log.violations())
+		}
+		if m, err := s.GetMsg(ctx, last.Sequence); err != nil || m.Subject != last.Subject {
+			t.Fatalf("message %d: %v, %v (violations: %q)", last.Sequence, m, err, f.srv.log.violations())
+		}
+		var names []string
+		for n := range s.ConsumerNames(ctx).Name() {
+			names = append(names, n)
+		}
+		infos := 0
+		for range s.ListConsumers(ctx).Info() {
+			infos++
+		}
+		if !slices.Contains(names, "roles") || infos != len(names) {
+			t.Fatalf("consumers: %q, %d infos (violations: %q)", names, infos, f.srv.log.violations())
+		}
+		if err := s.DeleteConsumer(ctx, "roles"); err != nil {
+			t.Fatalf("delete the consumer: %v (violations: %q)", err, f.srv.log.violations())
+		}
+	})
+
 	t.Run("ids are a tenant's own", func(t *testing.T) {
 		// The same id, in the same pool, for two tenants: two jobs.
 		a := submit(t, f, f.client, &job.Request{ID: "same-id", Command: []string{"ok"}})
