@@ -12,7 +12,7 @@ TESTFLAGS ?= -race -count=1 -timeout 45m
 TESTP     ?= 3
 IMAGE     ?= fleet:dev
 
-.PHONY: all build demo test flakes bench bench-console bench-failover lint fuzz image image-release tools screenshots clean
+.PHONY: all build demo test flakes bench bench-console bench-feed bench-failover lint fuzz image image-release tools screenshots clean
 
 all: build
 
@@ -69,6 +69,10 @@ flakes:
 ## bench-failover: the failover tests (NATS servers killed) and the Redis outage tests RUNS times (3), each beside its undisturbed run and held to its latency and throughput targets, each run printed
 bench-failover:
 	./scripts/bench-failover.sh
+
+## bench-feed: the no-op throughput with the tenants' feeds kept and not (--feeds=false), side by side, ROUNDS (5) alternating, medians
+bench-feed: build
+	./scripts/bench-feed.sh
 
 ## bench-console: the no-op throughput with the console on (two pages open) and off, side by side
 bench-console: build
