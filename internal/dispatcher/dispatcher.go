@@ -146,7 +146,7 @@ type Dispatcher struct {
 	pools   sync.Map // pool → true, once its stream is ensured
 	queues  sync.Map // queueOf → *poolSetup, once its consumer is ensured
 	uploads sync.Map // tenant → true, once its uploads bucket is ensured
-	feeds   sync.Map // feedOf → *poolSetup, once the tenant's feed sources the pool
+	feeder  *feeder  // keeps the tenants' feeds sourcing their pools
 	// poolNames lists the pools that have a stream, as last listed.
 	poolsMu     sync.Mutex
 	poolNames   []string
@@ -197,6 +197,7 @@ func New(nc *nats.Conn, cfg Config) (*Dispatcher, error) {
 		limit: cfg.Limits.MaxInputRefBytes, next: cfg.Admission}
 	d.m = newMetrics(telemetry.Meter())
 	d.replies = newReplies(nc)
+	d.feeder = newFeeder(d)
 	return d, nil
 }
 
@@ -338,6 +339,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	services = append(services, service{"the releaser of runs' nodes", d.releaser})
 	if d.cfg.Queue.V1 {
 		services = append(services, service{"the sweep of unanswered v1 requests", lifecycle.NewEvery(time.Second, d.replies.sweep)})
+	}
+	if !d.cfg.NoFeeds {
+		services = append(services, service{"the feeds of the tenants", d.feeder})
 	}
 	if d.placer != nil {
 		services = append(services, service{"the placer of the queues", &goService{run: d.runPlacer}})

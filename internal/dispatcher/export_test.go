@@ -24,3 +24,7 @@ func (d *Dispatcher) SubmitBatch(ctx context.Context, tenant string, reqs []*job
 	}
 	return replies, errs
 }
+
+// ReconcileFeeds has every feed source every pool at once, as each
+// dispatcher does every minute.
+func (d *Dispatcher) ReconcileFeeds(ctx context.Context) { d.feeder.reconcile(ctx) }

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleet-dev/fleet/internal/lifecycle"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -16,31 +21,134 @@ import (
 // feedOf names a pool of a tenant's feed.
 type feedOf struct{ tenant, pool string }
 
-// ensureFeed makes sure tenant's feed sources pool before the first
-// version of a job of the tenant in the pool is written, once per tenant
-// and pool in this dispatcher's life. (A source added later would still
-// copy what the pool's stream holds; added first, the feed never waits
-// for it.)
-func (d *Dispatcher) ensureFeed(ctx context.Context, tenant, pool string) error {
+// feedReconcileEvery is how often a dispatcher checks that every feed
+// sources every pool: a dispatcher that died between a tenant's first
+// job of a pool and adding the pool to the tenant's feed leaves it to
+// the others.
+const feedReconcileEvery = time.Minute
+
+// feeder keeps the tenants' feeds sourcing the pools their jobs are in,
+// in the background: a submission never waits on a feed, nor fails with
+// it (a NATS cluster with a server down cannot place a new feed's
+// replicas), and a source added late still copies what the pool's stream
+// holds, from its first message.
+type feeder struct {
+	d    *Dispatcher
+	done sync.Map // feedOf → struct{}: the feed sources the pool
+	mu   sync.Mutex
+	// wanted are the tenants whose feeds may lack a pool, and those pools.
+	wanted map[string][]string
+	wake   chan struct{}
+	lifecycle.Runner
+}
+
+func newFeeder(d *Dispatcher) *feeder {
+	return &feeder{d: d, wanted: map[string][]string{}, wake: make(chan struct{}, 1)}
+}
+
+// ensureFeed has tenant's feed source pool, soon, once per tenant and pool
+// in this dispatcher's life: it is called before the first version of a
+// job of the tenant in the pool is written, and returns at once.
+func (d *Dispatcher) ensureFeed(tenant, pool string) {
 	if d.cfg.NoFeeds {
-		return nil
+		return
 	}
-	k := feedOf{tenant, pool}
-	if v, ok := d.feeds.Load(k); ok && v.(*poolSetup).done.Load() {
-		return nil
+	f := d.feeder
+	if _, ok := f.done.Load(feedOf{tenant, pool}); ok {
+		return
 	}
-	v, _ := d.feeds.LoadOrStore(k, &poolSetup{})
-	p := v.(*poolSetup)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done.Load() {
-		return nil
+	f.mu.Lock()
+	f.wanted[tenant] = append(f.wanted[tenant], pool)
+	f.mu.Unlock()
+	f.poke()
+}
+
+func (f *feeder) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
 	}
-	if err := d.setUpFeed(ctx, tenant); err != nil {
-		return err
+}
+
+// Start runs the feeder until Stop.
+func (f *feeder) Start(ctx context.Context) error { return f.Go(ctx, f.run) }
+
+func (f *feeder) run(ctx context.Context) error {
+	wait := lifecycle.Backoff(ctx, time.Second, 30*time.Second)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	reconcile := time.NewTicker(feedReconcileEvery)
+	defer reconcile.Stop()
+	f.reconcile(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-reconcile.C:
+			f.reconcile(ctx)
+			continue
+		case <-f.wake:
+		case <-retry.C:
+		}
+		if f.catchUp(ctx) {
+			wait.Reset()
+			continue
+		}
+		next := wait.NextBackOff()
+		if next == backoff.Stop {
+			return nil
+		}
+		retry.Reset(next)
 	}
-	p.done.Store(true)
-	return nil
+}
+
+// catchUp sets up the feeds of the tenants wanted, and reports whether
+// every one was; those that were not are wanted still.
+func (f *feeder) catchUp(ctx context.Context) bool {
+	f.mu.Lock()
+	wanted := f.wanted
+	f.wanted = map[string][]string{}
+	f.mu.Unlock()
+	ok := true
+	for tenant, pools := range wanted {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := f.d.setUpFeed(cctx, tenant)
+		cancel()
+		if err != nil {
+			ok = false
+			f.d.log.Warn("the feed of a tenant lacks a pool its jobs are in; trying again", "tenant", tenant, "pools", pools, "err", err)
+			f.mu.Lock()
+			f.wanted[tenant] = append(f.wanted[tenant], pools...)
+			f.mu.Unlock()
+			continue
+		}
+		for _, p := range pools {
+			f.done.Store(feedOf{tenant, p}, struct{}{})
+		}
+	}
+	return ok
+}
+
+// reconcile has every feed source every pool.
+func (f *feeder) reconcile(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, feedReconcileEvery/2)
+	defer cancel()
+	prefix := f.d.names.FeedStream("")
+	names := f.d.js.StreamNames(ctx)
+	var tenants []string
+	for n := range names.Name() {
+		if t, ok := strings.CutPrefix(n, prefix); ok && job.ValidTenant(t) {
+			tenants = append(tenants, t)
+		}
+	}
+	if err := names.Err(); err != nil {
+		f.d.log.Debug("listing the feeds", "err", err)
+	}
+	for _, t := range tenants {
+		if err := f.d.setUpFeed(ctx, t); err != nil {
+			f.d.log.Debug("reconciling a feed", "tenant", t, "err", err)
+		}
+	}
 }
 
 // setUpFeed makes sure tenant's feed exists and sources every pool that
@@ -58,9 +166,9 @@ func (d *Dispatcher) setUpFeed(ctx context.Context, tenant string) (err error) {
 
 // FeedConsumer answers a tenant's request for a durable consumer of its
 // feed, <prefix>.t.<tenant>.feed.<name>, whose body is a job.FeedRequest
-// (or empty): it makes the feed if the tenant has none yet, then the
-// consumer. The tenant comes from the subject, which the NATS permissions
-// confine to the producer's own.
+// (or empty): it makes the feed if the tenant has none yet, sourcing every
+// pool, then the consumer. The tenant comes from the subject, which the
+// NATS permissions confine to the producer's own.
 func (d *Dispatcher) FeedConsumer(ctx context.Context, tenant, name string, body []byte) (*job.FeedReply, error) {
 	if d.cfg.NoFeeds {
 		return nil, fmt.Errorf("%w: this fleet keeps no feeds (the dispatchers run with --feeds=false)", errInvalid)

@@ -287,9 +287,7 @@ func (s runsSide) EndUnqueued(ctx context.Context, rec *job.Record) (bool, error
 	if err := s.d.ensurePool(ctx, rec.Pool); err != nil {
 		return false, err
 	}
-	if err := s.d.ensureFeed(ctx, rec.Tenant, rec.Pool); err != nil {
-		return false, err
-	}
+	s.d.ensureFeed(rec.Tenant, rec.Pool)
 	_, err := s.d.jobs.Write(ctx, rec, 0)
 	switch {
 	case errors.Is(err, queue.ErrConflict), errors.Is(err, queue.ErrFinal):

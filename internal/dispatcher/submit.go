@@ -195,9 +195,7 @@ func (d *Dispatcher) admitted(ctx context.Context, tenant string, req *job.Reque
 	if err := d.ensurePool(ctx, req.Pool); err != nil {
 		return nil, nil, errTransient{err}
 	}
-	if err := d.ensureFeed(ctx, tenant, req.Pool); err != nil {
-		return nil, nil, errTransient{err}
-	}
+	d.ensureFeed(tenant, req.Pool)
 	if err := d.ensureQueue(ctx, req.Pool, queue.QueueKey{Priority: req.Priority, Tenant: tenant}); err != nil {
 		return nil, nil, errTransient{err}
 	}
@@ -275,10 +273,7 @@ func (d *Dispatcher) reject(ctx context.Context, tenant, id, pool string, cause 
 		d.log.Warn("rejected record not written", "job_id", id, "err", err)
 		return reply, nil
 	}
-	if err := d.ensureFeed(ctx, tenant, pool); err != nil {
-		d.log.Warn("rejected record not written", "job_id", id, "err", err)
-		return reply, nil
-	}
+	d.ensureFeed(tenant, pool)
 	// Keep a job that exists; replace only an earlier rejection, and only
 	// one for another reason: the same request refused again, a producer's
 	// copy sent while the first waited for its answer say, says nothing
