@@ -141,7 +141,11 @@ func TestPriorityJumpsTheQueue(t *testing.T) {
 
 // Tenants A (weight 1, 2,000 jobs queued first) and B (weight 3, 200
 // queued after) on a 4-slot pool: while both have work, B holds 3 of the
-// 4 slots; B ends long before A; with B gone, A gets all 4.
+// 4 slots; B ends long before A; with B gone, A gets all 4: its jobs run
+// four at once. (How fast A's jobs start alone against beside B is
+// logged, not held to a ratio: alone, the machine's speed at starting
+// processes bounds it, not the slots; CI saw 2.1× beside a loaded
+// machine, where the slots alone would give 4×.)
 func TestFairShareFollowsWeights(t *testing.T) {
 	f := fleettest.Start(t)
 	ctx := context.Background()
@@ -200,9 +204,15 @@ func TestFairShareFollowsWeights(t *testing.T) {
 		return float64(n) / to.Sub(from).Seconds()
 	}
 	beside, alone := rate(aRuns, from, to), rate(aRuns, bEnd.Add(time.Second), aEnd)
-	t.Logf("A's starts: %.0f/s beside B, %.0f/s alone", beside, alone)
-	if alone < 2.5*beside {
-		t.Errorf("A alone starts %.0f jobs/s, beside B %.0f/s: it should get all 4 slots back", alone, beside)
+	var afterB []started
+	for _, r := range aRuns {
+		if r.at.After(bEnd) {
+			afterB = append(afterB, r)
+		}
+	}
+	t.Logf("A's starts: %.0f/s beside B, %.0f/s alone; A's jobs at once after B's end: %d", beside, alone, overlap(afterB))
+	if n := overlap(afterB); n != 4 {
+		t.Errorf("after B's end, A ran %d jobs at once: it should get all 4 slots back", n)
 	}
 }
 
