@@ -42,6 +42,29 @@ func awaitRun(t *testing.T, s *site, id string, within time.Duration) *job.RunEn
 	return end
 }
 
+// ended says how each node of a run's round ended, and why a node whose
+// job did not succeed ended so (its result's failure), for the message
+// of a test that expected the run to end otherwise.
+func ended(s *site, end *job.RunEnd) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, round %d:", end.State, end.Round)
+	for _, n := range end.Nodes {
+		fmt.Fprintf(&b, " %s %s", n.ID, n.State)
+		if n.Code != "" {
+			fmt.Fprintf(&b, " (%s)", n.Code)
+		}
+		if n.State != job.StateSucceeded && n.JobID != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if r, err := s.f.Client.Result(ctx, n.JobID); err == nil && r.Failure != nil {
+				fmt.Fprintf(&b, " [%s after %d attempts: %s; stderr %q]", r.Failure.Code, r.Attempts, r.Failure.Message, r.Stderr)
+			}
+			cancel()
+		}
+		b.WriteString(";")
+	}
+	return b.String()
+}
+
 // graphNode selects a node's box in a run's graph.
 func graphNode(id string) string { return fmt.Sprintf(`svg.graph .node[data-node=%q]`, id) }
 
@@ -169,7 +192,7 @@ func TestConsoleCancelsAndRetriesARun(t *testing.T) {
 		shNode("x", fmt.Sprintf("[ -e %s ] || exit 3", gate)), shNode("y", "echo y", "x"),
 	}})
 	if end := awaitRun(t, s, "gated", 30*time.Second); end.State != job.RunFailed {
-		t.Fatalf("the run ended %s", end.State)
+		t.Fatalf("the run ended %s", ended(s, end))
 	}
 	b := newBrowser(t)
 	b.open(t, s.url("/ui/runs/default/gated"))
@@ -211,7 +234,7 @@ func TestConsoleCancelsAndRetriesARun(t *testing.T) {
 		t.Errorf("cancel requested: %q", b.text(t, "#run-cancelled"))
 	}
 	if end := awaitRun(t, s, "long", 10*time.Second); end.State != job.RunCancelled {
-		t.Errorf("the run ended %s", end.State)
+		t.Errorf("the run ended %s", ended(s, end))
 	}
 	if errs := b.errors(); len(errs) > 0 {
 		t.Errorf("errors: %v", errs)

@@ -77,7 +77,7 @@ func TestRunPagesOfADiamondThatEnded(t *testing.T) {
 	}}
 	submitRun(t, s, r)
 	if end := awaitRun(t, s, r.ID, 30*time.Second); end.State != job.RunSucceeded {
-		t.Fatalf("the run ended %s", end.State)
+		t.Fatalf("the run ended %s", ended(s, end))
 	}
 
 	code, page := s.page(t, "/ui/runs/default/diamond")
@@ -153,7 +153,7 @@ func TestRunPageOfARunThatFailed(t *testing.T) {
 	}}
 	submitRun(t, s, r)
 	if end := awaitRun(t, s, r.ID, 30*time.Second); end.State != job.RunFailed {
-		t.Fatalf("the run ended %s", end.State)
+		t.Fatalf("the run ended %s", ended(s, end))
 	}
 
 	_, page := s.page(t, "/ui/runs/default/failing")
