@@ -72,11 +72,11 @@ bench-failover:
 
 ## bench-feed: the no-op throughput with the tenants' feeds kept and not (--feeds=false), side by side, ROUNDS (5) alternating, medians
 bench-feed: build
-	./scripts/bench-feed.sh
+	./scripts/bench-toggle.sh feeds
 
 ## bench-console: the no-op throughput with the console on (two pages open) and off, side by side
 bench-console: build
-	./scripts/bench-console.sh
+	./scripts/bench-toggle.sh console
 
 ## screenshots: the pictures of docs/console.md (docs/console-*.png), from a fleet in the test, through headless Chromium
 screenshots:

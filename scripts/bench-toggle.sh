@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# make bench-console: what an open console costs the dispatcher. Runs the
-# no-op throughput test of scripts/bench.sh side by side, in one run:
-# a dispatcher with the console on and two console pages open (the
-# overview and the jobs list, each a live stream at one update a second),
-# and the same dispatcher with --console=false, alternating ROUNDS times.
+# make bench-console, make bench-feed: what a dispatcher's feature costs.
+# The no-op throughput test of scripts/bench.sh, side by side in one run:
+# a dispatcher with the feature on and the same with it off, alternating
+# ROUNDS times; then each setting's median and their ratio.
+#
+#   scripts/bench-toggle.sh console   --console, with two console pages open
+#                                     (the overview and the jobs list, each
+#                                     a live stream at one update a second)
+#   scripts/bench-toggle.sh feeds     --feeds: each job's final version
+#                                     copied into FLEET_FEED_<tenant>
+#
 # JOBS and SLOTS override the sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+feature=${1:?usage: $0 console|feeds}
+case $feature in console | feeds) ;; *) echo "$0: no feature $feature" >&2; exit 2 ;; esac
 bin=./bin
 jobs=${JOBS:-20000}
 slots=${SLOTS:-256}
-rounds=${ROUNDS:-3}
-base=$(mktemp -d "${TMPDIR:-/tmp}/fleet-bench-console.XXXXXX")
+rounds=${ROUNDS:-5}
+base=$(mktemp -d "${TMPDIR:-/tmp}/fleet-bench-$feature.XXXXXX")
 export FLEET_NATS_URL=nats://127.0.0.1:14422
 export FLEET_HTTP_ADDR=127.0.0.1:18280
 export FLEET_LOG_LEVEL=warn
 workdir=$base/work
-[ -d /dev/shm ] && workdir=$(mktemp -d /dev/shm/fleet-bench-console.XXXXXX)
+[ -d /dev/shm ] && workdir=$(mktemp -d /dev/shm/fleet-bench-$feature.XXXXXX)
 
 pids=()
 cleanup() {
@@ -38,11 +46,14 @@ if command -v redis-server >/dev/null; then
 	sleep 0.5
 fi
 
-# round CONSOLE: one dispatcher (fresh data), one noop worker, the bench.
+# round ON: one dispatcher (fresh data) with the feature on or off, one
+# noop worker, the bench.
 round() {
-	local console=$1 data=$base/data-$RANDOM
+	local on=$1 data=$base/data-$RANDOM
 	mkdir -p "$data"
-	"$bin/dispatcher" --embedded --admission off --console="$console" --data-dir "$data" \
+	local flags=(--console="$on")
+	[ "$feature" = feeds ] && flags=(--console=false --feeds="$on")
+	"$bin/dispatcher" --embedded --admission off "${flags[@]}" --data-dir "$data" \
 		--redis-url "" >"$data/dispatcher.log" 2>&1 &
 	local dpid=$!
 	for _ in $(seq 150); do
@@ -56,28 +67,27 @@ round() {
 	local wpid=$!
 	sleep 1
 	local viewers=()
-	if [ "$console" = true ]; then
+	if [ "$feature" = console ] && [ "$on" = true ]; then
 		for page in overview jobs; do
 			curl -sN "http://$FLEET_HTTP_ADDR/ui/stream?page=$page&every=1s" >"$data/stream-$page" &
 			viewers+=($!)
 		done
 		sleep 0.5
 	fi
-	local out
+	local out tput cpu
 	out=$("$bin/fleetctl" bench --jobs "$jobs" --pids "$dpid,$wpid")
-	local tput cpu
 	tput=$(awk '/^throughput:/ {print $2}' <<<"$out")
 	cpu=$(awk '/^fleet CPU per job:/ {print $5}' <<<"$out")
-	local pushed=0
-	if [ "$console" = true ]; then
+	local extra=""
+	if [ ${#viewers[@]} -gt 0 ]; then
 		for v in "${viewers[@]}"; do kill "$v" 2>/dev/null || true; done
-		pushed=$(cat "$data"/stream-* | grep -c '^event: page' || true)
+		extra="$(cat "$data"/stream-* | grep -c '^event: page' || true) page updates sent"
 	fi
 	kill -TERM "$wpid" "$dpid"
 	wait "$wpid" 2>/dev/null || true
 	wait "$dpid" 2>/dev/null || true
-	printf '%-8s %10s jobs/s %8s µs CPU/job %6s page updates sent\n' "console=$console" "$tput" "$cpu" "$pushed"
-	echo "$console $tput" >>"$base/results"
+	printf '%s=%-5s %10s jobs/s %8s µs CPU/job %s\n' "$feature" "$on" "$tput" "$cpu" "$extra"
+	echo "$on $tput" >>"$base/results"
 }
 
 echo "machine: $(nproc) cores, $(go version | cut -d' ' -f3); $jobs no-op jobs per run, one worker with $slots slots, ${redis_url:+leases in redis-server}"
@@ -85,6 +95,8 @@ for _ in $(seq "$rounds"); do
 	round true
 	round false
 done
-awk '{ sum[$1] += $2; n[$1]++ } END {
-	on = sum["true"] / n["true"]; off = sum["false"] / n["false"];
-	printf "mean: console on %.0f jobs/s, off %.0f jobs/s: the console costs %.1f%%\n", on, off, 100 * (off - on) / off }' "$base/results"
+for on in true false; do
+	awk -v on="$on" '$1 == on {print $2}' "$base/results" | sort -n | awk -v f="$feature=$on" '{v[NR] = $1} END {
+		printf "%s median %.0f jobs/s (%.0f to %.0f)\n", f, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR] }'
+done | tee "$base/medians"
+awk -v f="$feature" '{ split($1, k, "="); m[k[2]] = $3 } END { printf "%s on / off: %.2f\n", f, m["true"] / m["false"] }' "$base/medians"
