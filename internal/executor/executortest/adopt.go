@@ -3,6 +3,7 @@ package executortest
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -281,8 +282,10 @@ func testUsage(t *testing.T, s *suite) {
 		t.Fatalf("usage of the running attempt: %+v", u)
 	}
 	t.Logf("usage: cpu %.1f%%, memory %d, pids %d", *u.CPUPercent, *u.MemoryBytes, *u.Pids)
-	// A spinning program uses a CPU; on a busy machine, less than all of it.
-	if *u.CPUPercent < 10 || *u.MemoryBytes <= 0 || *u.Pids < 1 {
+	// A spinning program uses some CPU, at most all of the machine's: how
+	// much depends on the load beside it (CI saw 6.2% of a core with two
+	// make tests on this 2-core machine), so only that it is some is held.
+	if *u.CPUPercent <= 0 || *u.CPUPercent > float64(100*runtime.NumCPU())+1 || *u.MemoryBytes <= 0 || *u.Pids < 1 {
 		t.Errorf("usage of a CPU spinner: cpu %.1f%%, memory %d, pids %d", *u.CPUPercent, *u.MemoryBytes, *u.Pids)
 	}
 	if u.ObservedAt.IsZero() {
