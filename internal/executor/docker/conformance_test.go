@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 			"image_missing":           "image " + executortest.MissingImage + " is not on the Docker host, and pull_policy is never",
 		},
 		New: func(t *testing.T, c *executortest.Case) *executortest.Instance {
-			b := setup(t, Config{DataDir: dataDirOf(t)})
+			b := setup(t, Config{DataDir: dataDirOf(t), Grace: c.Grace()})
 			b.worker = c.WorkerID
 			return &executortest.Instance{
 				Executor: b.exec,

@@ -153,6 +153,26 @@ type Case struct {
 	Marker string
 }
 
+// Grace is the grace period between SIGTERM and SIGKILL a backend gives
+// its executor in a case, so that the cases that wait it out (a job that
+// ignores SIGTERM, a cancel) end soon. A job that heeds SIGTERM is given
+// HeedingGrace instead: it never waits that out, and it must stop by its
+// own SIGTERM handler however slow the machine is (Docker's chain from a
+// kill to the container's exit took more than 500 ms with two make tests
+// on this 2-core machine, and the case read as killed).
+func (c *Case) Grace() time.Duration {
+	if strings.HasSuffix(c.Behaviour, "/timeout/heeds_SIGTERM") {
+		return HeedingGrace
+	}
+	return Grace
+}
+
+// The grace periods of Case.Grace.
+const (
+	Grace        = 500 * time.Millisecond
+	HeedingGrace = 10 * time.Second
+)
+
 // Env is the environment that marks an attempt of the case: give it to
 // the request of an orphan.
 func (c *Case) Env() map[string]string {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/executor/executortest"
@@ -42,7 +41,7 @@ func TestConformance(t *testing.T) {
 		},
 		New: func(t *testing.T, c *executortest.Case) *executortest.Instance {
 			dir := t.TempDir()
-			e, err := New(Config{Dir: dir, DataDir: dataDirOf(t), Grace: 500 * time.Millisecond})
+			e, err := New(Config{Dir: dir, DataDir: dataDirOf(t), Grace: c.Grace()})
 			if err != nil {
 				t.Fatal(err)
 			}
