@@ -3,34 +3,30 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/fleet-dev/fleet/job"
 )
 
-// ErrInvalid is a request the fleet refused as it is: asking again will
-// not change the answer.
-var ErrInvalid = errors.New("invalid request")
-
 // FeedConsumer asks a dispatcher for the durable consumer name of the
 // tenant's feed: the stream that keeps the final version (<prefix>.t.<tenant>.job.<pool>.r.<id>)
 // and the rejection (….x.<id>) of every job of the tenant, which the
-// tenant pulls with any JetStream client and acknowledges, and so never
-// misses one (the live copies of the same subjects are core NATS
-// messages). r may be nil: the consumer then starts with the first
-// message the feed holds. Asking again as before answers the same; a
-// consumer of that name that exists otherwise is refused with ErrInvalid.
+// tenant pulls with any JetStream client and acknowledges (the live
+// copies of the same subjects are core NATS messages, which a subscriber
+// may miss). r may be nil: the consumer then starts with the first message
+// the feed holds. Asking again as before answers the same; a consumer of
+// that name that exists otherwise, or a request the fleet cannot honour,
+// is a *RejectedError.
 func (c *Client) FeedConsumer(ctx context.Context, name string, r *job.FeedRequest) (*job.FeedReply, error) {
 	if r == nil {
 		r = &job.FeedRequest{}
 	}
 	if !job.ValidConsumerName(name) {
-		return nil, fmt.Errorf("feed consumer %q: %w: a name is 1 to 64 characters of [A-Za-z0-9_-]", name, ErrInvalid)
+		return nil, &RejectedError{Reason: fmt.Sprintf("feed consumer %q: a name is 1 to 64 characters of [A-Za-z0-9_-]", name)}
 	}
 	if err := r.Validate(); err != nil {
-		return nil, fmt.Errorf("feed consumer %s: %w: %v", name, ErrInvalid, err)
+		return nil, &RejectedError{Reason: fmt.Sprintf("feed consumer %s: %v", name, err)}
 	}
 	body, err := json.Marshal(r)
 	if err != nil {
@@ -38,6 +34,7 @@ func (c *Client) FeedConsumer(ctx context.Context, name string, r *job.FeedReque
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// Asked again alike, the same answer: sent again while none comes.
 	m, err := c.ask(ctx, c.names.Request(c.tenant, "feed", name), body, sendAgain)
 	if err != nil {
 		return nil, fmt.Errorf("feed consumer %s: %w", name, err)
@@ -45,7 +42,7 @@ func (c *Client) FeedConsumer(ctx context.Context, name string, r *job.FeedReque
 	var e job.ErrorReply
 	if json.Unmarshal(m.Data, &e) == nil && e.Error != "" {
 		if e.Invalid {
-			return nil, fmt.Errorf("feed consumer %s: %w: %s", name, ErrInvalid, e.Error)
+			return nil, &RejectedError{Reason: e.Error}
 		}
 		return nil, fmt.Errorf("feed consumer %s: %s", name, e.Error)
 	}

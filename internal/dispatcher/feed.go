@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,14 +38,15 @@ type feeder struct {
 	d    *Dispatcher
 	done sync.Map // feedOf → struct{}: the feed sources the pool
 	mu   sync.Mutex
-	// wanted are the tenants whose feeds may lack a pool, and those pools.
-	wanted map[string][]string
+	// wanted are the tenants whose feeds may lack a pool, and those pools:
+	// a set, since every submission of a pool not yet done notes it.
+	wanted map[string]map[string]bool
 	wake   chan struct{}
 	lifecycle.Runner
 }
 
 func newFeeder(d *Dispatcher) *feeder {
-	return &feeder{d: d, wanted: map[string][]string{}, wake: make(chan struct{}, 1)}
+	return &feeder{d: d, wanted: map[string]map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // ensureFeed has tenant's feed source pool, soon, once per tenant and pool
@@ -57,10 +60,19 @@ func (d *Dispatcher) ensureFeed(tenant, pool string) {
 	if _, ok := f.done.Load(feedOf{tenant, pool}); ok {
 		return
 	}
-	f.mu.Lock()
-	f.wanted[tenant] = append(f.wanted[tenant], pool)
-	f.mu.Unlock()
+	f.want(tenant, pool)
 	f.poke()
+}
+
+func (f *feeder) want(tenant string, pools ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.wanted[tenant] == nil {
+		f.wanted[tenant] = map[string]bool{}
+	}
+	for _, p := range pools {
+		f.wanted[tenant][p] = true
+	}
 }
 
 func (f *feeder) poke() {
@@ -107,7 +119,7 @@ func (f *feeder) run(ctx context.Context) error {
 func (f *feeder) catchUp(ctx context.Context) bool {
 	f.mu.Lock()
 	wanted := f.wanted
-	f.wanted = map[string][]string{}
+	f.wanted = map[string]map[string]bool{}
 	f.mu.Unlock()
 	ok := true
 	for tenant, pools := range wanted {
@@ -116,13 +128,12 @@ func (f *feeder) catchUp(ctx context.Context) bool {
 		cancel()
 		if err != nil {
 			ok = false
-			f.d.log.Warn("the feed of a tenant lacks a pool its jobs are in; trying again", "tenant", tenant, "pools", pools, "err", err)
-			f.mu.Lock()
-			f.wanted[tenant] = append(f.wanted[tenant], pools...)
-			f.mu.Unlock()
+			names := slices.Sorted(maps.Keys(pools))
+			f.d.log.Warn("the feed of a tenant lacks a pool its jobs are in; trying again", "tenant", tenant, "pools", names, "err", err)
+			f.want(tenant, names...)
 			continue
 		}
-		for _, p := range pools {
+		for p := range pools {
 			f.done.Store(feedOf{tenant, p}, struct{}{})
 		}
 	}
