@@ -467,6 +467,7 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			at      int64
 			t       job.EventType
 			attempt int
+			line    string
 		}
 		seen := map[noticeKey]bool{}
 		// The job's pool, as the dispatcher found it: what is heard live
@@ -487,7 +488,7 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 			past = append(past, job.EventsOf(rec)...)
 		}
 		for _, e := range h.Notices {
-			seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt}] = true
+			seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt, e.Line}] = true
 		}
 		past = mergeByTime(past, h.Notices)
 		for _, e := range past {
@@ -495,10 +496,54 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 				return
 			}
 		}
+		// What is heard live may be missed (core NATS: the client
+		// reconnecting, a server lost as a stream republishes): now and
+		// then the job's status is asked, and once it says the job ended,
+		// the history gives what was missed, up to the end.
+		wait := lifecycle.Backoff(ctx, 250*time.Millisecond, 2*time.Second)
+		ask := time.NewTimer(wait.NextBackOff())
+		defer ask.Stop()
 		for {
 			var m *nats.Msg
 			select {
 			case m = <-live:
+			case <-ask.C:
+				st, err := c.Status(ctx, id)
+				switch {
+				case err == nil && st.Job != nil && st.Job.State.Final():
+				case err != nil && !retryable(ctx, err) && !errors.Is(err, ErrNotFound):
+					yield(nil, fmt.Errorf("watch %s: %w", id, err))
+					return
+				default:
+					ask.Reset(wait.NextBackOff())
+					continue
+				}
+				h, err := c.historyThrough(ctx, id)
+				if err != nil {
+					yield(nil, fmt.Errorf("watch %s: %w", id, err))
+					return
+				}
+				var missed []*job.Event
+				for i, rec := range h.Records {
+					if h.Seqs[i] > last && (rec.State != job.StateRejected || i == len(h.Records)-1) {
+						missed = append(missed, job.EventsOf(rec)...)
+					}
+				}
+				var notices []*job.Event
+				for _, e := range h.Notices {
+					if !seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt, e.Line}] {
+						notices = append(notices, e)
+					}
+				}
+				for _, e := range mergeByTime(missed, notices) {
+					if !yield(e, nil) || e.Type.Final() {
+						return
+					}
+				}
+				// Ended, but its final version is not in the history
+				// read (a read from a replica behind the leader): ask again.
+				ask.Reset(wait.NextBackOff())
+				continue
 			case <-ctx.Done():
 				yield(nil, fmt.Errorf("watch %s: %w", id, ctx.Err()))
 				return
@@ -526,9 +571,11 @@ func (c *Client) Events(ctx context.Context, id string) iter.Seq2[*job.Event, er
 					}
 					continue
 				}
-				if seen[noticeKey{e.Time.UnixNano(), e.Type, e.Attempt}] {
+				k := noticeKey{e.Time.UnixNano(), e.Type, e.Attempt, e.Line}
+				if seen[k] {
 					continue
 				}
+				seen[k] = true
 				evs = []*job.Event{e}
 			}
 			for _, e := range evs {

@@ -271,3 +271,68 @@ func TestARunSentAgainIsTheSameRun(t *testing.T) {
 		t.Fatalf("reply %+v, %v; ids sent %q: want one id, the same twice", reply, err, ids)
 	}
 }
+
+// A job's end missed live (the client reconnecting, a server lost as the
+// pool's stream republished it) does not leave its events waiting: the
+// watch asks the job's status now and then, and once it says the job
+// ended, reads the history for what it missed. Here the fleet never
+// publishes anything live: the history holds the queued and running
+// versions, then, once the status says succeeded, the final one too.
+// Before, Events waited until its context ended.
+func TestAJobsEndMissedLiveEndsItsEventsAnyway(t *testing.T) {
+	fleet, c := fleetAndClient(t)
+	now := time.Now().UTC()
+	events := map[job.State]job.EventType{job.StateQueued: job.EventQueued, job.StateRunning: job.EventStarted, job.StateSucceeded: job.EventSucceeded}
+	rec := func(state job.State, at time.Duration) *job.Record {
+		r := &job.Record{ID: "j", Tenant: "default", Pool: "default", State: state, Event: events[state], Attempt: 1, UpdatedAt: now.Add(at)}
+		if state == job.StateSucceeded {
+			r.Result = &job.Result{JobID: "j", Pool: "default", Status: job.StatusSucceeded, Attempts: 1}
+		}
+		return r
+	}
+	var ended atomic.Bool
+	answer := func(subject string, reply func() any) {
+		sub, err := fleet.Subscribe(subject, func(m *nats.Msg) {
+			data, err := json.Marshal(reply())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = m.Respond(data)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	var asked atomic.Int32
+	answer("fleet.t.default.status.j", func() any {
+		if asked.Add(1) >= 3 {
+			ended.Store(true)
+			return job.StatusOf(rec(job.StateSucceeded, 2*time.Millisecond))
+		}
+		return job.StatusOf(rec(job.StateRunning, time.Millisecond))
+	})
+	answer("fleet.t.default.history.j", func() any {
+		h := &job.HistoryReply{Records: []*job.Record{rec(job.StateQueued, 0), rec(job.StateRunning, time.Millisecond)}, Seqs: []uint64{1, 2}}
+		if ended.Load() {
+			h.Records, h.Seqs = append(h.Records, rec(job.StateSucceeded, 2*time.Millisecond)), append(h.Seqs, 3)
+		}
+		return h
+	})
+	if err := fleet.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var types []job.EventType
+	for ev, err := range c.Events(ctx, "j") {
+		if err != nil {
+			t.Fatalf("after %v: %v (status asked %d times)", types, err, asked.Load())
+		}
+		types = append(types, ev.Type)
+	}
+	if len(types) != 3 || types[0] != job.EventQueued || types[1] != job.EventStarted || types[2] != job.EventSucceeded {
+		t.Fatalf("events %v; want queued, started, succeeded", types)
+	}
+}
