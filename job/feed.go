@@ -33,6 +33,9 @@ type FeedRequest struct {
 	// MaxAckPending bounds the messages pulled and not yet acknowledged
 	// (1,000 by default).
 	MaxAckPending int `json:"max_ack_pending,omitempty"`
+	// Inactive deletes the consumer once nobody has pulled it for this
+	// long (10s to 720h); a consumer is kept until deleted by default.
+	Inactive Duration `json:"inactive,omitempty"`
 }
 
 // FeedReply answers a FeedRequest (schema feed.v1, reply): where to pull.
@@ -90,6 +93,9 @@ func (r *FeedRequest) Validate() error {
 	}
 	if r.AckWait < 0 || (r.AckWait > 0 && r.AckWait.Std() < time.Second) || r.AckWait.Std() > 12*time.Hour {
 		v.add("ack_wait", "must be 1s to 12h")
+	}
+	if r.Inactive < 0 || (r.Inactive > 0 && r.Inactive.Std() < 10*time.Second) || r.Inactive.Std() > 720*time.Hour {
+		v.add("inactive", "must be 10s to 720h")
 	}
 	if r.MaxAckPending < 0 || r.MaxAckPending > MaxFeedMaxAckPending {
 		v.add("max_ack_pending", "must be 0 (the default) to %d", MaxFeedMaxAckPending)

@@ -353,7 +353,7 @@ func TestGoDocumentsMatchSchemas(t *testing.T) {
 		{"run-reply", sampleRunReply()},
 		{"run-list", &job.RunList{Runs: []string{"nightly", "weekly"}}},
 		{"feed-request", &job.FeedRequest{From: "new", Pool: "gpu", AckWait: job.Duration(time.Minute), MaxAckPending: 10}},
-		{"feed-request", &job.FeedRequest{StartSeq: 7}},
+		{"feed-request", &job.FeedRequest{StartSeq: 7, Inactive: job.Duration(time.Hour)}},
 		{"feed-request", &job.FeedRequest{StartTime: &epoch}},
 		{"feed-reply", &job.FeedReply{Stream: "FLEET_FEED_acme", Consumer: "billing", Subject: "fleet.t.acme.job.>"}},
 	} {

@@ -157,7 +157,7 @@ func (c Config) FeedConsumerConfig(tenant, name string, r *job.FeedRequest) jets
 		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
 		AckWait:       cmp.Or(r.AckWait.Std(), job.DefaultFeedAckWait),
 		MaxAckPending: cmp.Or(r.MaxAckPending, job.DefaultFeedMaxAckPending),
-		DeliverPolicy: jetstream.DeliverAllPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: r.Inactive.Std(),
 	}
 	switch {
 	case r.From == "new":
