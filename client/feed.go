@@ -95,12 +95,29 @@ func UntilCaughtUp() FeedOption { return func(o *feedOptions) { o.untilCaughtUp 
 // Ack tells the feed the entry is taken, and waits for the feed to say it
 // stored that: once Ack returns nil, the consumer never delivers the entry
 // again. An entry not acknowledged within the consumer's ack wait (30 s by
-// default) is delivered again.
+// default) is delivered again. Ack sends the acknowledgement again while
+// no answer comes (the consumer's leader lost with it, another being
+// elected), until ctx ends: the feed answers each copy once it stored the
+// first.
 func (e *FeedEntry) Ack(ctx context.Context) error {
-	if err := e.msg.DoubleAck(ctx); err != nil {
-		return fmt.Errorf("ack feed entry %d: %w", e.Seq, err)
+	wait := lifecycle.Backoff(ctx, 100*time.Millisecond, time.Second)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := e.msg.DoubleAck(tctx)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			return nil
+		}
+		next := wait.NextBackOff()
+		if next == backoff.Stop || ctx.Err() != nil {
+			return fmt.Errorf("ack feed entry %d: %w", e.Seq, err)
+		}
+		select {
+		case <-time.After(next):
+		case <-ctx.Done():
+			return fmt.Errorf("ack feed entry %d: %w", e.Seq, err)
+		}
 	}
-	return nil
 }
 
 // feedBatch is the most a pull of Feed asks for.

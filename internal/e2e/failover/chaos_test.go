@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/redistest"
@@ -17,7 +19,10 @@ import (
 // stream, then the meta leader, then a third node are killed with SIGKILL
 // and restarted two seconds later. Every job ends with
 // exactly one result, in the stream and as heard by subscribers
-// (historytest), none fails or times out because of the failures. With
+// (historytest), none fails or times out because of the failures. A
+// process following the tenant's feed with a durable consumer, killed
+// with SIGKILL once in between and started again, acknowledges every
+// result once, none twice, and the feed holds each once. With
 // the targets on (fleettest.Targets, make bench-failover), the jobs run
 // once undisturbed first, and the runs are held to them: the worst
 // submit→result latency under 10 s, the throughput over the run at least
@@ -65,6 +70,9 @@ func TestChaosOnACluster(t *testing.T) {
 			{at: 27 * time.Second, why: "a third node"},
 		}
 	}
+	// The feed's reader, killed between the second and the third node.
+	feed := startFeedReader(t, c, "chaos")
+	feed.restartAfter(21 * time.Second)
 	storm := offer(t, c, "storm", jobs, rate, false, kills())
 	// The other submit path: a JetStream publish on the intake subject,
 	// sent again with its id until acknowledged.
@@ -77,6 +85,18 @@ func TestChaosOnACluster(t *testing.T) {
 	// stays under 10 s.
 	report(t, "three nodes killed, submitted by request", storm, calm)
 	report(t, "three nodes killed, submitted to the intake stream", stored, calm)
+	var ids []string
+	for _, r := range []run{storm, stored} {
+		for _, tm := range r.timings {
+			ids = append(ids, tm.id)
+		}
+	}
+	feed.requireEvery(t, ids, 2*time.Minute)
+	js, err := jetstream.New(c.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireOnceInFeed(t, js, ids)
 	for _, p := range append(ds, workers...) {
 		if p.Wait(0) {
 			t.Fatalf("a process exited when NATS nodes died:\n%s", p.Output())

@@ -8,11 +8,15 @@
 package failover
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	if urls := os.Getenv(feedReaderURLs); urls != "" {
+		os.Exit(readFeed(urls, os.Getenv(feedReaderConsumer)))
+	}
 	goleak.VerifyTestMain(m)
 }
