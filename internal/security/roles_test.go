@@ -396,6 +396,22 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 				t.Fatalf("pull: %v, %v (violations: %q)", err, ctx.Err(), f.srv.log.violations())
 			}
 		}
+		// The Go client's follower, as fleetctl events: a consumer it
+		// asks for, pulled until caught up, each entry acknowledged,
+		// then deleted.
+		heard := false
+		for e, err := range f.acme.Feed(ctx, "roles-go", &job.FeedRequest{Pool: "gpu", Inactive: job.Duration(time.Minute)}, client.UntilCaughtUp()) {
+			if err != nil {
+				t.Fatalf("client.Feed: %v (violations: %q)", err, f.srv.log.violations())
+			}
+			heard = heard || e.Record.ID == id
+			if err := e.Ack(ctx); err != nil {
+				t.Fatalf("client.Feed's ack: %v (violations: %q)", err, f.srv.log.violations())
+			}
+		}
+		if err := f.acme.DeleteFeedConsumer(ctx, "roles-go"); !heard || err != nil {
+			t.Fatalf("client.Feed heard %s: %v; deleted: %v (violations: %q)", id, heard, err, f.srv.log.violations())
+		}
 		// What else the nats CLI does with a feed: look at the stream,
 		// read a message of it (by sequence and last of a subject), list
 		// the consumers, delete one.
@@ -890,10 +906,18 @@ func TestEachRoleDoesItsWork(t *testing.T) {
 		// as it asks alone); a second worker updates its pool's consumer.
 		f.queueCfg.Retention = 2 * queue.DefaultRetention
 		f.startDispatcher(t, connectAs(t, f.srv.url(), f.keys, roleDispatcher))
-		f.startWorker(t, connectAs(t, f.srv.url(), f.keys, roleWorker("gpu")), "gpu", "w-security-gpu-2")
+		w := f.startWorker(t, connectAs(t, f.srv.url(), f.keys, roleWorker("gpu")), "gpu", "w-security-gpu-2")
 		id := submit(t, f, f.acme, &job.Request{Pool: "gpu", Command: []string{"ok"}})
 		if r := result(t, f, f.acme, id); r.Status != job.StatusSucceeded {
 			t.Fatalf("result: %+v", r)
+		}
+		// A worker that stops deletes its watch of the pool's state (the
+		// workers' watches may also be made again when the bucket
+		// changes, as above, but not by the time this test looks).
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := w.Stop(sctx); err != nil {
+			t.Fatalf("stop the second worker: %v (violations: %q)", err, f.srv.log.violations())
 		}
 	})
 

@@ -147,7 +147,13 @@ func (p *producer) watchPool(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		watch, err := kv.Watch(ctx, p.cfg.Pool)
+		// The watch's own context ends only once it is stopped here: a
+		// watch given ctx stops itself in a goroutine of its own when ctx
+		// ends, and the worker's Stop would return before the watch's
+		// consumer is deleted.
+		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		watch, err := kv.Watch(wctx, p.cfg.Pool)
 		if err != nil {
 			return fmt.Errorf("watch pool %s: %w", p.cfg.Pool, err)
 		}
