@@ -91,11 +91,11 @@ func TestChaosOnACluster(t *testing.T) {
 			ids = append(ids, tm.id)
 		}
 	}
-	feed.requireEvery(t, ids, 2*time.Minute)
 	js, err := jetstream.New(c.Connect(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	feed.requireEvery(t, js, ids, 2*time.Minute)
 	requireOnceInFeed(t, js, ids)
 	for _, p := range append(ds, workers...) {
 		if p.Wait(0) {

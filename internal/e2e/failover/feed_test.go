@@ -34,8 +34,8 @@ const (
 // client.Feed, as an event consumer of the fleet would, and acknowledges
 // each entry, waiting for the feed to store each acknowledgement. It
 // prints a line for each entry it was given ("got <id> <seq>
-// <delivered>") and, once the acknowledgement is stored, one more
-// ("acked <id> <seq>"). It runs until it is killed, or the feed ends with
+// <delivered>"), before it acknowledges it, and, once the feed stored the
+// acknowledgement, one more ("acked <id> <seq>"). It runs until it is killed, or the feed ends with
 // an error.
 func readFeed(urls, name string) int {
 	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -56,7 +56,12 @@ func readFeed(urls, name string) int {
 			fmt.Fprintln(os.Stderr, "feed:", err)
 			return 1
 		}
+		// Said before the ack is sent: a reader killed after the feed
+		// stored its ack, before it said so, is not given the entry again.
 		fmt.Fprintf(out, "got %s %d %d\n", e.Record.ID, e.Seq, e.Delivered)
+		if err := out.Flush(); err != nil {
+			return 1
+		}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err = e.Ack(actx)
 		cancel()
@@ -86,6 +91,7 @@ type feedReader struct {
 	acked  map[string]int // by job id
 	got    map[string]int
 	lines  int
+	kills  int
 	change chan struct{} // poked on each line read
 	starts int
 }
@@ -163,58 +169,86 @@ func (r *feedReader) kill() {
 func (r *feedReader) restartAfter(d time.Duration) {
 	time.AfterFunc(d, func() {
 		r.t.Logf("killing the feed's reader")
+		r.mu.Lock()
+		r.kills++
+		r.mu.Unlock()
 		r.kill()
 		time.Sleep(time.Second)
 		r.start()
 	})
 }
 
-// requireEvery waits until the readers acknowledged every one of ids, and
-// holds them to the feed's promise: each id acknowledged once, none
-// acknowledged twice.
-func (r *feedReader) requireEvery(t *testing.T, ids []string, within time.Duration) {
+// requireEvery waits until the readers were given every one of ids and
+// the consumer holds nothing more for them, and holds them to the feed's
+// promise: each id acknowledged once, none twice. An id given and never
+// said acknowledged is one whose reader was killed after the feed stored
+// the acknowledgement, before the reader said so: at most one a kill, and
+// then the consumer has nothing unacknowledged.
+func (r *feedReader) requireEvery(t *testing.T, js jetstream.JetStream, ids []string, within time.Duration) {
 	t.Helper()
-	give := time.NewTimer(within)
-	defer give.Stop()
-	missing := func() []string {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	check := time.NewTicker(time.Second) // the consumer's state, once the readers' lines add up
+	defer check.Stop()
+	var cons jetstream.ConsumerInfo
+	// state reports the ids not given yet, and those given but never
+	// said acknowledged.
+	state := func() (ungiven, unacked []string, kills int) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		var m []string
 		for _, id := range ids {
-			if r.acked[id] == 0 {
-				m = append(m, id)
+			switch {
+			case r.got[id] == 0:
+				ungiven = append(ungiven, id)
+			case r.acked[id] == 0:
+				unacked = append(unacked, id)
 			}
 		}
-		return m
+		return ungiven, unacked, r.kills
 	}
-	for m := missing(); len(m) > 0; m = missing() {
+	for {
+		ungiven, unacked, kills := state()
+		if len(ungiven) == 0 && len(unacked) <= kills {
+			c, err := js.Consumer(ctx, queue.Names{}.FeedStream(job.DefaultTenant), r.name)
+			if err == nil {
+				cons = *c.CachedInfo()
+				if cons.NumAckPending == 0 && cons.NumPending == 0 {
+					break
+				}
+			}
+		}
 		select {
 		case <-r.change:
 			continue
-		case <-give.C:
+		case <-check.C:
+			continue
+		case <-ctx.Done():
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		for _, id := range m[:min(len(m), 10)] {
-			t.Errorf("%s: given to a reader %d times, never acknowledged", id, r.got[id])
+		for _, id := range append(ungiven, unacked...)[:min(len(ungiven)+len(unacked), 10)] {
+			t.Errorf("%s: given to a reader %d times, said acknowledged %d times", id, r.got[id], r.acked[id])
 		}
-		t.Errorf("after %s, the feed's readers acknowledged %d of %d results (%d lines read, readers started %d times); stderr:\n%s",
-			within, len(ids)-len(m), len(ids), r.lines, r.starts, r.stderr.string())
+		t.Errorf("after %s, the feed's readers were given %d of %d results, %d never said acknowledged (%d lines read, readers started %d times); the consumer: %d pending, %d unacknowledged; stderr:\n%s",
+			within, len(ids)-len(ungiven), len(ids), len(unacked), r.lines, r.starts, cons.NumPending, cons.NumAckPending, r.stderr.string())
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	again := 0
+	again, unsaid := 0, 0
 	for _, id := range ids {
 		if r.acked[id] > 1 {
 			t.Errorf("%s: acknowledged %d times", id, r.acked[id])
+		}
+		if r.acked[id] == 0 {
+			unsaid++
 		}
 		if r.got[id] > 1 {
 			again++
 		}
 	}
-	t.Logf("the feed's readers (started %d times) acknowledged each of %d results once; %d were delivered more than once",
-		r.starts, len(ids), again)
+	t.Logf("the feed's readers (started %d times) acknowledged each of %d results once (%d acknowledged as their reader was killed); %d were delivered more than once",
+		r.starts, len(ids), unsaid, again)
 }
 
 // lockedBuffer is a buffer that processes write and a test reads.
