@@ -15,9 +15,11 @@ import (
 // the stream's work: every write goes through it. JetStream places leaders
 // where it happens to, and a cluster may end with one server leading most
 // of the fleet's streams. The balancer spreads them: the pools' jobs
-// streams over the servers, one group, and the fleet's other streams
-// (submit, events, results, dead letters, buckets), another, so that the
-// jobs of three pools are led by three servers.
+// streams over the servers, one group; the tenants' feeds, which store a
+// copy of each job's end, another; and the fleet's other streams (submit,
+// events, results, dead letters, buckets), a third, so that the jobs of
+// three pools are led by three servers, and the feeds of three tenants
+// too.
 //
 // One dispatcher balances at a time: the one with the smallest id among
 // those it hears from (see peers). It moves one leader per round, to the
@@ -39,23 +41,26 @@ func (d *Dispatcher) balance(ctx context.Context) (moved string, err error) {
 	if d.cfg.Queue.Replicas < 2 || (d.peers != nil && !d.peers.first()) {
 		return "", nil
 	}
-	var jobs, others []leadership
+	var jobs, feeds, others []leadership
 	list := d.js.ListStreams(ctx)
 	for info := range list.Info() {
 		l, ok := d.leadershipOf(info)
 		if !ok {
 			continue
 		}
-		if strings.HasPrefix(l.stream, d.names.PoolStreamV2("")) || strings.HasPrefix(l.stream, d.names.JobsStream("")) {
+		switch {
+		case strings.HasPrefix(l.stream, d.names.PoolStreamV2("")) || strings.HasPrefix(l.stream, d.names.JobsStream("")):
 			jobs = append(jobs, l)
-		} else {
+		case strings.HasPrefix(l.stream, d.names.FeedStream("")):
+			feeds = append(feeds, l)
+		default:
 			others = append(others, l)
 		}
 	}
 	if err := list.Err(); err != nil {
 		return "", fmt.Errorf("list streams: %w", err)
 	}
-	for _, group := range [][]leadership{jobs, others} {
+	for _, group := range [][]leadership{jobs, feeds, others} {
 		stream, to, ok := unbalanced(group)
 		if !ok {
 			continue
