@@ -41,7 +41,13 @@ type Option func(*dispatcher.Config)
 // test ends. Streams are kept in files, as in production.
 func Start(t testing.TB, opts ...Option) *Fleet {
 	t.Helper()
-	f := &Fleet{NATS: natstest.Run(t)}
+	return StartOn(t, natstest.Run(t), opts...)
+}
+
+// StartOn starts a fleet, as Start, on a NATS server of the test's.
+func StartOn(t testing.TB, srv *natstest.Server, opts ...Option) *Fleet {
+	t.Helper()
+	f := &Fleet{NATS: srv}
 	f.NC = f.NATS.Connect(t)
 	cfg := dispatcher.Config{Queue: queue.Config{AckWait: 5 * time.Second}, Logger: Logger(t)}
 	for _, o := range opts {

@@ -17,8 +17,9 @@ import (
 // Server is a running test server. Restart keeps its port and its files.
 type Server struct {
 	*server.Server
-	t    testing.TB
-	opts server.Options
+	t      testing.TB
+	opts   server.Options
+	tracer server.Logger // with Traced
 }
 
 // Options tweak the server before it starts.
@@ -34,7 +35,14 @@ func WithUser(name, password string, p *server.Permissions) Option {
 }
 
 // Run starts a server that stops when the test ends.
-func Run(t testing.TB, opts ...Option) *Server {
+func Run(t testing.TB, opts ...Option) *Server { return runServer(t, nil, opts) }
+
+// Traced starts a server, as Run, that hands every line of its trace to
+// tracer (what each client sends it, and what it delivers to each) from
+// its first connection on.
+func Traced(t testing.TB, tracer server.Logger, opts ...Option) *Server { return runServer(t, tracer, opts) }
+
+func runServer(t testing.TB, tracer server.Logger, opts []Option) *Server {
 	t.Helper()
 	o := server.Options{
 		ServerName: "fleet-test",
@@ -49,7 +57,7 @@ func Run(t testing.TB, opts ...Option) *Server {
 	for _, f := range opts {
 		f(&o)
 	}
-	s := &Server{t: t, opts: o}
+	s := &Server{t: t, opts: o, tracer: tracer}
 	s.start()
 	t.Cleanup(func() { s.Shutdown() })
 	return s
@@ -61,6 +69,11 @@ func (s *Server) start() {
 	ns, err := server.NewServer(&o)
 	if err != nil {
 		s.t.Fatalf("nats server: %v", err)
+	}
+	if s.tracer != nil {
+		// Before the first client: a client traces what the server
+		// traced when it connected.
+		ns.SetLogger(s.tracer, false, true)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
