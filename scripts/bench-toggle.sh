@@ -8,7 +8,10 @@
 #                                     (the overview and the jobs list, each
 #                                     a live stream at one update a second)
 #   scripts/bench-toggle.sh feeds     --feeds: each job's final version
-#                                     copied into FLEET_FEED_<tenant>
+#                                     copied into FLEET_FEED_<tenant>, and
+#                                     a consumer following it meanwhile
+#                                     (fleetctl events --follow), each
+#                                     entry acknowledged
 #
 # JOBS and SLOTS override the sizes.
 set -euo pipefail
@@ -74,6 +77,10 @@ round() {
 		done
 		sleep 0.5
 	fi
+	if [ "$feature" = feeds ] && [ "$on" = true ]; then
+		"$bin/fleetctl" events --follow --consumer bench -o json >"$data/feed" 2>"$data/feed.err" &
+		viewers+=($!)
+	fi
 	local out tput cpu
 	out=$("$bin/fleetctl" bench --jobs "$jobs" --pids "$dpid,$wpid")
 	tput=$(awk '/^throughput:/ {print $2}' <<<"$out")
@@ -81,7 +88,10 @@ round() {
 	local extra=""
 	if [ ${#viewers[@]} -gt 0 ]; then
 		for v in "${viewers[@]}"; do kill "$v" 2>/dev/null || true; done
-		extra="$(cat "$data"/stream-* | grep -c '^event: page' || true) page updates sent"
+		case $feature in
+		console) extra="$(cat "$data"/stream-* | grep -c '^event: page' || true) page updates sent" ;;
+		feeds) extra="$(wc -l <"$data/feed") feed entries read and acknowledged meanwhile" ;;
+		esac
 	fi
 	kill -TERM "$wpid" "$dpid"
 	wait "$wpid" 2>/dev/null || true
