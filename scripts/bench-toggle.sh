@@ -8,8 +8,10 @@
 #                                     (the overview and the jobs list, each
 #                                     a live stream at one update a second)
 #   scripts/bench-toggle.sh feeds     --feeds: each job's final version
-#                                     copied into FLEET_FEED_<tenant>, and
-#                                     a consumer following it meanwhile
+#                                     copied into FLEET_FEED_<tenant>;
+#                                     and a third setting, "consumer",
+#                                     with a consumer following the feed
+#                                     meanwhile on the same machine
 #                                     (fleetctl events --follow), each
 #                                     entry acknowledged
 #
@@ -49,13 +51,13 @@ if command -v redis-server >/dev/null; then
 	sleep 0.5
 fi
 
-# round ON: one dispatcher (fresh data) with the feature on or off, one
-# noop worker, the bench.
+# round SETTING: one dispatcher (fresh data) with the feature on (true, or
+# consumer) or off (false), one noop worker, the bench.
 round() {
 	local on=$1 data=$base/data-$RANDOM
 	mkdir -p "$data"
 	local flags=(--console="$on")
-	[ "$feature" = feeds ] && flags=(--console=false --feeds="$on")
+	[ "$feature" = feeds ] && flags=(--console=false --feeds="${on/consumer/true}")
 	"$bin/dispatcher" --embedded --admission off "${flags[@]}" --data-dir "$data" \
 		--redis-url "" >"$data/dispatcher.log" 2>&1 &
 	local dpid=$!
@@ -77,7 +79,7 @@ round() {
 		done
 		sleep 0.5
 	fi
-	if [ "$feature" = feeds ] && [ "$on" = true ]; then
+	if [ "$on" = consumer ]; then
 		"$bin/fleetctl" events --follow --consumer bench -o json >"$data/feed" 2>"$data/feed.err" &
 		viewers+=($!)
 	fi
@@ -85,12 +87,21 @@ round() {
 	out=$("$bin/fleetctl" bench --jobs "$jobs" --pids "$dpid,$wpid")
 	tput=$(awk '/^throughput:/ {print $2}' <<<"$out")
 	cpu=$(awk '/^fleet CPU per job:/ {print $5}' <<<"$out")
-	local extra=""
+	local extra="" ticks=0
+	if [ "$on" = consumer ]; then
+		# The consumer's own CPU (utime + stime, in clock ticks), before it ends.
+		ticks=$(awk '{print $14 + $15}' "/proc/${viewers[0]}/stat" 2>/dev/null || echo 0)
+	fi
 	if [ ${#viewers[@]} -gt 0 ]; then
 		for v in "${viewers[@]}"; do kill "$v" 2>/dev/null || true; done
 		case $feature in
 		console) extra="$(cat "$data"/stream-* | grep -c '^event: page' || true) page updates sent" ;;
-		feeds) extra="$(wc -l <"$data/feed") feed entries read and acknowledged meanwhile" ;;
+		feeds)
+			local read
+			read=$(wc -l <"$data/feed")
+			extra="$read feed entries read and acknowledged meanwhile, by a consumer of $(awk -v t="$ticks" -v n="$read" -v hz="$(getconf CLK_TCK)" \
+				'BEGIN { printf "%.0f", n ? t / hz * 1e6 / n : 0 }') µs CPU/entry"
+			;;
 		esac
 	fi
 	kill -TERM "$wpid" "$dpid"
@@ -101,12 +112,17 @@ round() {
 }
 
 echo "machine: $(nproc) cores, $(go version | cut -d' ' -f3); $jobs no-op jobs per run, one worker with $slots slots, ${redis_url:+leases in redis-server}"
+settings=(true false)
+[ "$feature" = feeds ] && settings=(true consumer false)
 for _ in $(seq "$rounds"); do
-	round true
-	round false
+	for on in "${settings[@]}"; do
+		round "$on"
+	done
 done
-for on in true false; do
+for on in "${settings[@]}"; do
 	awk -v on="$on" '$1 == on {print $2}' "$base/results" | sort -n | awk -v f="$feature=$on" '{v[NR] = $1} END {
 		printf "%s median %.0f jobs/s (%.0f to %.0f)\n", f, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR] }'
 done | tee "$base/medians"
-awk -v f="$feature" '{ split($1, k, "="); m[k[2]] = $3 } END { printf "%s on / off: %.2f\n", f, m["true"] / m["false"] }' "$base/medians"
+awk -v f="$feature" '{ split($1, k, "="); m[k[2]] = $3 } END {
+	printf "%s on / off: %.2f\n", f, m["true"] / m["false"]
+	if ("consumer" in m) printf "%s on, with a consumer on the same machine / off: %.2f\n", f, m["consumer"] / m["false"] }' "$base/medians"

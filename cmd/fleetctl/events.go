@@ -1,10 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,6 +26,7 @@ func init() {
 			"Without --follow, stops once it has printed what the feed holds.\n" +
 			"With --consumer NAME, reads through the tenant's durable consumer NAME, and acknowledges\n" +
 			"each entry once printed: run again, it goes on after the last one printed, and misses none\n" +
+			"(an entry whose acknowledgement a failing NATS server lost is printed again)\n" +
 			"(--since, --from and --pool only say where a consumer made now starts). Without it, a\n" +
 			"consumer of its own, deleted at exit. --since takes a time (RFC 3339) or a duration ago.",
 		example: "fleetctl events --since 1h                         # how jobs ended in the last hour\n" +
@@ -95,6 +96,8 @@ func events(ctx context.Context, e *env, o eventsOptions, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// The acknowledgements sent, before the connection closes.
+	defer func() { _ = e.nc.Flush() }()
 	if o.consumer == "" {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -106,7 +109,6 @@ func events(ctx context.Context, e *env, o eventsOptions, now time.Time) error {
 	if !o.follow {
 		opts = append(opts, client.UntilCaughtUp())
 	}
-	enc := json.NewEncoder(e.stdout)
 	for entry, err := range c.Feed(ctx, name, r, opts...) {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -115,17 +117,18 @@ func events(ctx context.Context, e *env, o eventsOptions, now time.Time) error {
 			return err
 		}
 		if e.json() {
-			err = enc.Encode(entry.Record)
+			// The record as stored: one document a line.
+			_, err = fmt.Fprintf(e.stdout, "%s\n", bytes.TrimSpace(entry.Data))
 		} else {
 			err = printEntry(e.stdout, entry)
 		}
 		if err != nil {
 			return err // not printed: not acknowledged
 		}
-		if err := entry.Ack(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		// Acknowledged without waiting, each in turn: a follower keeps up
+		// with the fleet. What is on its way when the command ends is sent
+		// before it exits; one lost with a server is printed again.
+		if err := entry.AckNoWait(); err != nil {
 			return err
 		}
 	}
