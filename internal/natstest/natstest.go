@@ -40,7 +40,9 @@ func Run(t testing.TB, opts ...Option) *Server { return runServer(t, nil, opts) 
 // Traced starts a server, as Run, that hands every line of its trace to
 // tracer (what each client sends it, and what it delivers to each) from
 // its first connection on.
-func Traced(t testing.TB, tracer server.Logger, opts ...Option) *Server { return runServer(t, tracer, opts) }
+func Traced(t testing.TB, tracer server.Logger, opts ...Option) *Server {
+	return runServer(t, tracer, opts)
+}
 
 func runServer(t testing.TB, tracer server.Logger, opts []Option) *Server {
 	t.Helper()
