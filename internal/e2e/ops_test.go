@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,11 +22,14 @@ import (
 )
 
 // opCounter counts, from a NATS server's trace, what its clients ask of
-// it and what it delivers to them, by kind.
+// it and what it delivers to them, by kind, and the bytes of each (headers
+// and payload).
 type opCounter struct {
 	mu     sync.Mutex
-	counts map[string]int
+	counts map[string]opStat
 }
+
+type opStat struct{ n, bytes int }
 
 func (o *opCounter) Noticef(string, ...any) {}
 func (o *opCounter) Warnf(string, ...any)   {}
@@ -39,17 +43,23 @@ func (o *opCounter) Tracef(format string, v ...any) {
 	if kind == "" {
 		return
 	}
+	// The operation's last field is its size, headers and payload.
+	op := strings.TrimSuffix(strings.TrimSpace(line), "]")
+	size, _ := strconv.Atoi(op[strings.LastIndexByte(op, ' ')+1:])
 	o.mu.Lock()
-	o.counts[kind]++
+	st := o.counts[kind]
+	st.n++
+	st.bytes += size
+	o.counts[kind] = st
 	o.mu.Unlock()
 }
 
 // reset forgets what was counted so far.
-func (o *opCounter) reset() map[string]int {
+func (o *opCounter) reset() map[string]opStat {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	c := o.counts
-	o.counts = map[string]int{}
+	o.counts = map[string]opStat{}
 	return c
 }
 
@@ -135,7 +145,7 @@ func isNumber(s string) bool {
 // time. make bench prints it; what a job costs the server is where the
 // write path's work is (issue: ask the server less).
 func BenchmarkServerOperationsPerJob(b *testing.B) {
-	ops := &opCounter{counts: map[string]int{}}
+	ops := &opCounter{counts: map[string]opStat{}}
 	f := fleettest.StartOn(b, natstest.Traced(b, ops))
 	f.Worker(b, noop.Executor{}, worker.Config{ID: "w-ops", Slots: 64, RunningAfter: worker.DefaultRunningAfter})
 	producer, err := client.New(f.NATS.Connect(b))
@@ -190,17 +200,23 @@ func BenchmarkServerOperationsPerJob(b *testing.B) {
 	}
 	b.StopTimer()
 	counts := ops.reset()
-	total, in := 0, 0
+	var total, in, bytes int
 	var table strings.Builder
+	n := float64(b.N)
 	for _, k := range slices.Sorted(maps.Keys(counts)) {
-		total += counts[k]
+		st := counts[k]
+		total += st.n
+		bytes += st.bytes
 		if strings.HasPrefix(k, "in: ") {
-			in += counts[k]
+			in += st.n
 		}
-		fmt.Fprintf(&table, "\n%6.2f  %s", float64(counts[k])/float64(b.N), k)
+		if st.n > 0 {
+			fmt.Fprintf(&table, "\n%6.2f  %6.0f B  %s", float64(st.n)/n, float64(st.bytes)/float64(st.n), k)
+		}
 	}
-	b.Logf("server operations per job, of %d jobs:%s\n%6.2f  in all (%.2f asked of it, %.2f delivered by it)", b.N, table.String(),
-		float64(total)/float64(b.N), float64(in)/float64(b.N), float64(total-in)/float64(b.N))
+	b.Logf("server operations per job, of %d jobs (each kind's count a job, and its mean size):%s\n%6.2f  %6.0f B  in all a job (%.2f asked of it, %.2f delivered by it)",
+		b.N, table.String(), float64(total)/n, float64(bytes)/n, float64(in)/n, float64(total-in)/n)
+	b.ReportMetric(float64(bytes)/n, "B/job")
 	b.ReportMetric(float64(in)/float64(b.N), "asked/job")
 	b.ReportMetric(float64(total-in)/float64(b.N), "delivered/job")
 }
