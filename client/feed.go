@@ -135,8 +135,10 @@ func (e *FeedEntry) Ack(ctx context.Context) error {
 	}
 }
 
-// feedBatch is the most a pull of Feed asks for.
-const feedBatch = 256
+// feedBatch is the most a pull of Feed asks for: entries pulled wait for
+// the loop, and their ack wait runs meanwhile, so that a loop that takes
+// a while over each would see the last of a large batch delivered again.
+const feedBatch = 64
 
 // Feed yields the entries of the tenant's durable feed consumer name. A
 // consumer of that name that exists goes on where it is; when there is
