@@ -111,8 +111,12 @@ func events(ctx context.Context, e *env, o eventsOptions, now time.Time) error {
 	}
 	for entry, err := range c.Feed(ctx, name, r, opts...) {
 		if err != nil {
-			if ctx.Err() != nil {
+			var rej *client.RejectedError
+			switch {
+			case ctx.Err() != nil:
 				return nil // interrupted
+			case errors.As(err, &rej):
+				return exit(exitUsage, "the feed: %s", rej.Reason)
 			}
 			return err
 		}

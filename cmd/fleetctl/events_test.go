@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/executor/noop"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/worker"
@@ -154,5 +155,14 @@ func TestEventsGoOnWhereTheirConsumerLeftOff(t *testing.T) {
 	}
 	if n := len(got); n != 0 {
 		t.Errorf("--follow printed %d lines more", n)
+	}
+}
+
+// On a fleet that keeps no feeds, events is refused, saying why.
+func TestEventsWithoutFeedsSayWhy(t *testing.T) {
+	f := fleettest.Start(t, func(c *dispatcher.Config) { c.NoFeeds = true })
+	code, out, errOut := fleetctl(t, "--nats-url", f.NATS.URL(), "events")
+	if code != exitUsage || out != "" || !strings.Contains(errOut, "keeps no feeds") {
+		t.Errorf("events without feeds: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
