@@ -18,7 +18,7 @@ for i in $(seq "$runs"); do
 		-run '^(TestChaosOnACluster|TestFailoverCostsOnlyTheElections|TestKillAndRestartOneServer|TestAPoolsQueueLivesWithItsStream)$' ./internal/e2e/failover/ 2>&1)
 	rc=$?
 	out2=$(FLEET_TARGETS=1 go test -count=1 -v -timeout 20m \
-		-run '^(TestRedisOutageCostsNothing|TestRedisClusterShardLossCostsNothing|TestRedisSentinelMasterLossWithoutReplicaCostsNothing)$' ./internal/e2e/ 2>&1)
+		-run '^(TestRedisOutageCostsNothing|TestRedisClusterShardLossCostsNothing|TestRedisSentinelMasterLossWithoutReplicaCostsNothing|TestDispatchersResumeWhenTheirConsumerLeaderDies)$' ./internal/e2e/ 2>&1)
 	rc2=$?
 	grep -E 'undisturbed:|killed|beyond the elections: p50|target missed|^ *\| |^(--- |ok|FAIL)' <<<"$out"$'\n'"$out2" | sed 's/^ *//'
 	((rc == 0 && rc2 == 0)) && met=$((met + 1))

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
 	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/natstest"
+	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
 )
 
@@ -134,9 +136,11 @@ func TestFleetOnAFreshClusterStartsInAnyOrder(t *testing.T) {
 
 // The node that leads the dispatchers' consumer of the intake stream dies,
 // with the pull requests the dispatchers left there. Submissions the stream
-// takes after it (core publishes with ids, as a fire-and-forget producer
-// sends them) run within seconds, each once (historytest), and no process
-// exits.
+// takes after it (JetStream publishes with ids, sent again until stored,
+// as a producer that keeps no connection to a dispatcher sends them) run,
+// each once (historytest), and no process exits. How soon is a failover
+// target (fleettest.Target, make bench-failover): within 20 s of the death,
+// the elections of the consumer and of the streams the node led included.
 func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	fleettest.Binary(t, "worker")
 	c := natstest.RunCluster(t, 3)
@@ -161,9 +165,6 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 	c.Kill(victim)
 	killed := time.Now()
 	c.WaitReady(t, 30*time.Second)
-	// Until the intake stream has a leader, what is published to it is
-	// not stored; until then its info is not answered either.
-	c.WaitStreamLeader(t, "FLEET_INTAKE", 30*time.Second)
 
 	nc := c.Connect(t)
 	cl, err := client.New(nc)
@@ -175,51 +176,26 @@ func TestDispatchersResumeWhenTheirConsumerLeaderDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	ear := listen(t, nc, job.DefaultTenant, "default")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	lastSeq := func() uint64 {
-		t.Helper()
-		for {
-			// Each request with a deadline of its own: one sent in an
-			// election is dropped, not answered.
-			rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-			s, err := js.Stream(rctx, "FLEET_INTAKE")
-			rcancel()
-			if err == nil {
-				return s.CachedInfo().State.LastSeq
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("stream info: %v", err)
-			}
-		}
-	}
-	before := lastSeq()
+	// Stored: the stream's own election is NATS's, not the dispatchers'
+	// (see docs/running.md on submitting while the intake stream elects a
+	// leader), so each is sent again with its id until it is.
 	var ids []string
 	for i := range 5 {
 		r := clusterJob(fmt.Sprintf("after-intake-kill-%d", i), "0")
-		body, _ := json.Marshal(r)
-		if err := nc.Publish("fleet.t.default.intake", body); err != nil {
-			t.Fatal(err)
+		m := nats.NewMsg("fleet.t.default.intake")
+		m.Data, _ = json.Marshal(r)
+		m.Header.Set(nats.MsgIdHdr, r.ID)
+		if _, err := queue.Publish(ctx, js, m); err != nil {
+			t.Fatalf("publish %s: %v", r.ID, err)
 		}
 		ids = append(ids, r.ID)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	// Stored: otherwise, not the dispatchers' doing (see docs/running.md on
-	// submitting while the intake stream elects a leader).
-	for stored := uint64(0); stored < 5; stored = lastSeq() - before {
-		if ctx.Err() != nil {
-			t.Fatalf("the intake stream took %d of 5 submissions", stored)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	awaitJobs(t, cl, ids, time.Minute)
 	took := time.Since(killed)
 	t.Logf("submissions ran %s after the consumer's leader died", took.Round(time.Millisecond))
-	if took > 20*time.Second {
-		t.Errorf("submissions ran %s after the consumer's leader died", took.Round(time.Millisecond))
-	}
+	fleettest.Target(t, took <= 20*time.Second, "submissions ran %s after the consumer's leader died, over 20 s", took.Round(time.Millisecond))
 	for _, p := range append(ds, w) {
 		if p.Wait(0) {
 			t.Fatalf("a process exited when a NATS node died:\n%s", p.Output())
