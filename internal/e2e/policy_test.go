@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fleet-dev/fleet/internal/dispatcher"
 	"github.com/fleet-dev/fleet/internal/dockertest"
 	"github.com/fleet-dev/fleet/internal/executor/docker"
 	"github.com/fleet-dev/fleet/internal/fleettest"
@@ -237,15 +239,24 @@ func TestQueueTimeoutAndDeadline(t *testing.T) {
 	}
 }
 
+// A worker told to stop (SIGTERM) lets a job that ends within its drain
+// timeout finish, and hands back the one that does not, at once, without
+// counting it as an attempt: another worker runs it, its first attempt.
+// The pool's ack wait is a minute, so that a job left to it instead would
+// plainly come back late; the long job runs until the test lets it end,
+// so that it cannot end within the drain however late the signal comes.
 func TestDrainHandsJobsBackAtOnceWithoutCountingThem(t *testing.T) {
-	f := fleettest.Start(t)
+	const ackWait = time.Minute
+	f := fleettest.Start(t, func(c *dispatcher.Config) { c.Queue.AckWait = ackWait })
 	env := []string{"FLEET_NATS_URL=" + f.NATS.URL(), "FLEET_DATA_DIR=" + t.TempDir(), "FLEET_REDIS_URL="}
-	first := fleettest.StartProc(t, "worker", env, "--id", "leaving", "--slots", "2", "--drain-timeout", "1s", "--grace", "200ms")
+	first := fleettest.StartProc(t, "worker", env, "--id", "leaving", "--slots", "2", "--drain-timeout", "1s", "--grace", "200ms",
+		"--ack-wait", ackWait.String())
 	first.WaitOutput(t, "worker started", 20*time.Second)
 	nc := f.NATS.Connect(t)
 	ear := listen(t, nc, job.DefaultTenant, "default")
+	release := filepath.Join(t.TempDir(), "release")
 	quick := f.Submit(t, &job.Request{ID: "quick", Command: []string{"sleep", "0.5"}})
-	long := f.Submit(t, &job.Request{ID: "long", Command: []string{"sleep", "2"}})
+	long := f.Submit(t, &job.Request{ID: "long", Command: []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.05; done"}})
 	waitEvent(t, f, long, job.EventStarted)
 	waitEvent(t, f, quick, job.EventStarted)
 
@@ -259,14 +270,27 @@ func TestDrainHandsJobsBackAtOnceWithoutCountingThem(t *testing.T) {
 	if r := f.Await(t, quick, 10*time.Second); r.Status != job.StatusSucceeded || r.WorkerID != "leaving" {
 		t.Errorf("quick: %+v", r)
 	}
-	// The long one came back at once (not after the 5s ack wait), and the
+	// The long one came back at once (not after the ack wait), and the
 	// hand-back did not count as an attempt.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for e, err := range f.Client.Events(ctx, long) {
+		if err != nil {
+			t.Fatalf("long never started on the staying worker: %v", err)
+		}
+		if e.Type == job.EventStarted && e.WorkerID == "staying" {
+			break
+		}
+	}
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r := f.Await(t, long, 20*time.Second)
 	if r.Status != job.StatusSucceeded || r.WorkerID != "staying" || r.Attempts != 1 || len(r.History) != 0 {
 		t.Fatalf("long: %+v", r)
 	}
-	if took := r.StartedAt.Sub(signalled); took > 4*time.Second {
-		t.Errorf("the handed-back job restarted %s after SIGTERM: it waited for the ack wait", took)
+	if took := r.StartedAt.Sub(signalled); took >= ackWait/2 {
+		t.Errorf("the handed-back job restarted %s after SIGTERM: it waited for the ack wait (%s)", took, ackWait)
 	}
 	evs := f.Events(t, long, 5*time.Second)
 	if n := len(byType(evs, job.EventSucceeded)); n != 1 {
