@@ -30,8 +30,8 @@ func (c *Client) FeedConsumer(ctx context.Context, name string, r *job.FeedReque
 	if r == nil {
 		r = &job.FeedRequest{}
 	}
-	if !job.ValidConsumerName(name) {
-		return nil, &RejectedError{Reason: fmt.Sprintf("feed consumer %q: a name is 1 to 64 characters of [A-Za-z0-9_-]", name)}
+	if err := checkConsumerName(name); err != nil {
+		return nil, err
 	}
 	if err := r.Validate(); err != nil {
 		return nil, &RejectedError{Reason: fmt.Sprintf("feed consumer %s: %v", name, err)}
@@ -231,8 +231,8 @@ func (c *Client) Feed(ctx context.Context, name string, r *job.FeedRequest, opts
 // feedConsumer finds the tenant's feed consumer name, or has a dispatcher
 // make it as r asks when there is none.
 func (c *Client) feedConsumer(ctx context.Context, name string, r *job.FeedRequest) (jetstream.Consumer, error) {
-	if !job.ValidConsumerName(name) {
-		return nil, &RejectedError{Reason: fmt.Sprintf("feed consumer %q: a name is 1 to 64 characters of [A-Za-z0-9_-]", name)}
+	if err := checkConsumerName(name); err != nil {
+		return nil, err
 	}
 	lctx, cancel := context.WithTimeout(ctx, tryWait)
 	defer cancel()
@@ -273,13 +273,21 @@ func (c *Client) feedEntry(m jetstream.Msg) (*FeedEntry, error) {
 // DeleteFeedConsumer deletes the tenant's feed consumer name: what it had
 // not had acknowledged is no longer kept for it.
 func (c *Client) DeleteFeedConsumer(ctx context.Context, name string) error {
-	if !job.ValidConsumerName(name) {
-		return &RejectedError{Reason: fmt.Sprintf("feed consumer %q: a name is 1 to 64 characters of [A-Za-z0-9_-]", name)}
+	if err := checkConsumerName(name); err != nil {
+		return err
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := c.js.DeleteConsumer(ctx, c.names.FeedStream(c.tenant), name); err != nil {
 		return fmt.Errorf("delete feed consumer %s: %w", name, err)
+	}
+	return nil
+}
+
+// checkConsumerName refuses a name no feed consumer may have.
+func checkConsumerName(name string) error {
+	if !job.ValidConsumerName(name) {
+		return &RejectedError{Reason: fmt.Sprintf("feed consumer %q: a name is 1 to 64 characters of [A-Za-z0-9_-]", name)}
 	}
 	return nil
 }

@@ -103,6 +103,14 @@ func inKind(rest string) string {
 		return "reply"
 	case len(tok) >= 4 && tok[0] == "fleet" && tok[1] == "p":
 		return "stream write, kind " + tok[3][:1]
+	}
+	return fleetSubject(tok)
+}
+
+// fleetSubject names a subject of the fleet's other than a stream's: a
+// tenant's (fleet.t.<tenant>.<what>…) by what, another by its second token.
+func fleetSubject(tok []string) string {
+	switch {
 	case len(tok) >= 4 && tok[0] == "fleet" && tok[1] == "t":
 		return "tenant subject ." + tok[3]
 	case len(tok) >= 2 && tok[0] == "fleet":
@@ -125,12 +133,8 @@ func outKind(rest string) string {
 		return "message pulled"
 	case strings.HasPrefix(subject, "_INBOX."):
 		return "reply"
-	case len(tok) >= 4 && tok[0] == "fleet" && tok[1] == "t":
-		return "tenant subject ." + tok[3]
-	case len(tok) >= 2 && tok[0] == "fleet":
-		return "fleet subject ." + tok[1]
 	}
-	return "other"
+	return fleetSubject(tok)
 }
 
 func isNumber(s string) bool {

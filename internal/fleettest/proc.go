@@ -64,7 +64,7 @@ func moduleRoot() (string, error) {
 type Proc struct {
 	Cmd  *exec.Cmd
 	name string
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -81,7 +81,7 @@ func StartProc(t testing.TB, name string, env []string, args ...string) *Proc {
 	}
 	cmd := exec.Command(Binary(t, name), args...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &Proc{Cmd: cmd, name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{Cmd: cmd, name: name, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -135,18 +135,19 @@ func (p *Proc) WaitOutput(t testing.TB, s string, d time.Duration) {
 	t.Fatalf("%s did not print %q within %s:\n%s", p.name, s, d, p.out.String())
 }
 
-type syncBuffer struct {
+// SyncBuffer is a buffer that processes write into while a test reads it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()

@@ -2,7 +2,6 @@ package failover
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/client"
+	"github.com/fleet-dev/fleet/internal/fleettest"
 	"github.com/fleet-dev/fleet/internal/natstest"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -86,7 +86,7 @@ type feedReader struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{} // closed when cmd's output is read to its end
-	stderr lockedBuffer
+	stderr fleettest.SyncBuffer
 	closed bool           // by the test's end: no reader starts again
 	acked  map[string]int // by job id
 	got    map[string]int
@@ -230,7 +230,7 @@ func (r *feedReader) requireEvery(t *testing.T, js jetstream.JetStream, ids []st
 			t.Errorf("%s: given to a reader %d times, said acknowledged %d times", id, r.got[id], r.acked[id])
 		}
 		t.Errorf("after %s, the feed's readers were given %d of %d results, %d never said acknowledged (%d lines read, readers started %d times); the consumer: %d pending, %d unacknowledged; stderr:\n%s",
-			within, len(ids)-len(ungiven), len(ids), len(unacked), r.lines, r.starts, cons.NumPending, cons.NumAckPending, r.stderr.string())
+			within, len(ids)-len(ungiven), len(ids), len(unacked), r.lines, r.starts, cons.NumPending, cons.NumAckPending, r.stderr.String())
 		return
 	}
 	r.mu.Lock()
@@ -249,24 +249,6 @@ func (r *feedReader) requireEvery(t *testing.T, js jetstream.JetStream, ids []st
 	}
 	t.Logf("the feed's readers (started %d times) acknowledged each of %d results once (%d acknowledged as their reader was killed); %d were delivered more than once",
 		r.starts, len(ids), unsaid, again)
-}
-
-// lockedBuffer is a buffer that processes write and a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) string() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // requireOnceInFeed checks that the feed stored the final version of each
