@@ -287,13 +287,13 @@ func (d *Dispatcher) readAll(ctx context.Context, filter string) (map[string][]b
 	}
 	defer func() { _ = w.Stop() }()
 	out := map[string][]byte{}
-	for e := range w.Updates() {
+	for e := range queue.Watched(ctx, w) {
 		if e == nil {
 			return out, nil
 		}
 		out[e.Key()] = e.Value()
 	}
-	return nil, fmt.Errorf("read the schedules: %w", context.Cause(ctx))
+	return nil, fmt.Errorf("read the schedules: %w", cmp.Or(context.Cause(ctx), errors.New("the watch ended before the last key")))
 }
 
 // decodeSchedule decodes and validates a schedule document of tenant,

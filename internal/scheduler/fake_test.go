@@ -24,6 +24,10 @@ import (
 // client's own; deleted keys are never in a watch's first values, and a
 // delete always succeeds.
 type memBucket struct {
+	// staysOpen: Stop leaves a watch's channel open, as nats.go's may
+	// once its context ended while Watch made it (queue.Watched).
+	staysOpen bool
+
 	mu       sync.Mutex
 	rev      uint64
 	keys     map[string]*memEntry
@@ -185,7 +189,9 @@ func (w *memWatcher) Stop() error {
 	defer w.b.mu.Unlock()
 	if !w.stopped {
 		w.stopped = true
-		close(w.updates)
+		if !w.b.staysOpen {
+			close(w.updates)
+		}
 	}
 	return nil
 }

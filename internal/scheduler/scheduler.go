@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,7 +180,7 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	}
 	defer func() { _ = w.Stop() }()
 	// The schedules as they are, then every change.
-	for e := range w.Updates() {
+	for e := range queue.Watched(ctx, w) {
 		if e == nil {
 			break
 		}
@@ -190,10 +191,11 @@ func (s *Scheduler) lead(ctx context.Context) error {
 	fed := make(chan struct{})
 	go func() {
 		defer close(fed)
-		for e := range w.Updates() {
+		for e := range queue.Watched(ctx, w) {
 			s.apply(e, nil)
 		}
-		cancel(errFeedEnded)
+		cancel(errFeedEnded) // if ctx ended first, its cause stays
+
 	}()
 	for range scheduleFiresAtOnce {
 		s.fires.Add(1)
@@ -275,6 +277,10 @@ func (s *Scheduler) recording(ctx context.Context) {
 // holder starts again.
 var errFeedEnded = errors.New("the feed of the schedules ended")
 
+// errWatchEnded is a read of the bucket whose watch ended before it had
+// handed over every key.
+var errWatchEnded = errors.New("the watch ended before the last key")
+
 // states reads what every schedule's firings did.
 func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 	w, err := s.kv.Watch(ctx, "state.>", jetstream.IgnoreDeletes())
@@ -283,7 +289,7 @@ func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 	}
 	defer func() { _ = w.Stop() }()
 	out := map[string]stateEntry{}
-	for e := range w.Updates() {
+	for e := range queue.Watched(ctx, w) {
 		if e == nil {
 			return out, nil
 		}
@@ -292,7 +298,7 @@ func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 			out[strings.TrimPrefix(e.Key(), "state.")] = stateEntry{st, e.Revision()}
 		}
 	}
-	return nil, fmt.Errorf("read the schedules' firings: %w", ctx.Err())
+	return nil, fmt.Errorf("read the schedules' firings: %w", cmp.Or(context.Cause(ctx), errWatchEnded))
 }
 
 type stateEntry struct {

@@ -455,3 +455,36 @@ func TestTheLeaseIsTakenOverWhenItsHolderStopsRenewingIt(t *testing.T) {
 		}
 	})
 }
+
+// TestStopEndsTheFiringsOfAWatchThatNeverCloses: a watch of the bucket
+// whose channel stays open after Stop (as nats.go's may, when the context
+// ended while the watch was made) holds up neither the scheduler's Stop
+// nor any of its goroutines; synctest fails the test if one is left
+// blocked.
+func TestStopEndsTheFiringsOfAWatchThatNeverCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, d := newMemBucket(), newFakeDispatcher()
+		b.staysOpen = true
+		put(t, b, every("tick", 10*time.Second))
+		s := New(Config{Dispatcher: d, Bucket: b, JetStream: b, Self: "d1", Logger: testLogger(t)})
+		if err := s.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(15 * time.Second)
+		synctest.Wait()
+		if n := len(d.submissions()); n != 1 {
+			t.Fatalf("%d firings made in 15 s of a schedule every 10 s, want 1", n)
+		}
+		stopped := make(chan error, 1)
+		go func() { stopped <- s.Stop(context.Background()) }()
+		synctest.Wait()
+		select {
+		case err := <-stopped:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatal("Stop waits on a watch that never closes")
+		}
+	})
+}
