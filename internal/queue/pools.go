@@ -37,18 +37,6 @@ func ReadPoolAt(ctx context.Context, kv jetstream.KeyValue, pool string) (*job.P
 	return &s, e.Revision(), nil
 }
 
-// WritePool stores a pool's state.
-func WritePool(ctx context.Context, kv jetstream.KeyValue, s *job.PoolState) error {
-	data, err := json.Marshal(s)
-	if err != nil {
-		return fmt.Errorf("write pool %s: %w", s.Pool, err)
-	}
-	if _, err := kv.Put(ctx, s.Pool, data); err != nil {
-		return fmt.Errorf("write pool %s: %w", s.Pool, err)
-	}
-	return nil
-}
-
 // UpdatePool changes a pool's state with change, as a compare-and-set on
 // the entry it read, trying again until ctx ends when another writer came
 // between; it returns the state written and its revision.

@@ -46,16 +46,6 @@ func NewStore(ctx context.Context, js jetstream.JetStream, names Names, log *slo
 	return &Store{js: js, kv: kv, names: names}, nil
 }
 
-// BindStore binds to the jobs bucket once, without waiting for it to be
-// created: for clients, to whom a missing bucket means no fleet.
-func BindStore(ctx context.Context, js jetstream.JetStream, names Names) (*Store, error) {
-	kv, err := js.KeyValue(ctx, names.Bucket())
-	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", names.Bucket(), err)
-	}
-	return &Store{js: js, kv: kv, names: names}, nil
-}
-
 // Get returns a job's record and its revision.
 func (s *Store) Get(ctx context.Context, id string) (*job.Record, uint64, error) {
 	var e jetstream.KeyValueEntry

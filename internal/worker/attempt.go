@@ -275,13 +275,6 @@ func decodeQueued(data []byte, k queue.JobKey) (*job.Record, error) {
 	return &rec, nil
 }
 
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
 func (d *delivery) unregister() {
 	d.cancel(nil)
 	d.w.runs.remove(d)
