@@ -56,7 +56,7 @@ test: lint
 
 ## bench: Go benchmarks of the hot paths (with BenchmarkReserve: a reservation with Redis up, away and hung; BenchmarkServerOperationsPerJob: what a no-op job asks of the NATS server and what it delivers, by kind; BenchmarkFirstJobOfNewTenant: a new tenant's first job beside an established tenant's, submission to start; BenchmarkSchedules: 1,000 schedules every second for a minute, FLEET_BENCH_SCHEDULES_FOR=10s for a quick try), the load test through the whole fleet, sharing a pool (one and ten tenants) against the fleet of before, Kubernetes against the bare Job cycle, then artifacts (upload vs a raw Put, log archiving on vs off)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/ ./internal/telemetry/ ./internal/capacity/ledger/
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./job/ ./internal/dispatcher/ ./internal/worker/ ./internal/producer/ ./internal/telemetry/ ./internal/capacity/ledger/
 	$(GO) test -run '^$$' -bench ServerOperationsPerJob -benchtime 5000x -v ./internal/e2e/ | grep -v '^=== '
 	./scripts/bench.sh
 	./scripts/bench-sharing.sh

@@ -371,7 +371,7 @@ func (n Names) PoolConsumer(pool string) string { return "jobs-" + pool }
 // QueueConsumer is the durable consumer of one queue of a pool: the jobs
 // one tenant queued at priority p (contract v2). Workers pull from a
 // pool's queues in the order its sharing policy gives (see
-// internal/worker/share.go).
+// internal/producer/share.go).
 func (n Names) QueueConsumer(p int, tenant string) string {
 	return KindQueued(p) + "-" + tenant
 }

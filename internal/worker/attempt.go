@@ -286,7 +286,7 @@ func (d *delivery) unregister() {
 func (d *delivery) situation() *situation {
 	w := d.w
 	return &situation{rec: d.rec, rev: d.rev, req: d.req, submitted: d.sub, now: time.Now(), self: w.cfg.ID,
-		draining: w.Draining(), paused: w.p.paused(), retryDelay: w.cfg.Retry, recheck: w.cfg.Queue.AckWait,
+		draining: w.Draining(), paused: w.p.Paused(), retryDelay: w.cfg.Retry, recheck: w.cfg.Queue.AckWait,
 		adoptWait: w.cfg.AdoptWait}
 }
 
@@ -506,7 +506,7 @@ func (d *delivery) unhold() {
 		return
 	}
 	d.w.runs.hold(d.key.Tenant, *d.held, -1)
-	d.w.p.ran(d.key.Tenant, time.Since(d.heldAt))
+	d.w.p.Ran(d.key.Tenant, time.Since(d.heldAt))
 	d.held = nil
 }
 
@@ -533,7 +533,7 @@ func (d *delivery) freeSlot() {
 	d.slotFreed = true
 	d.unhold()
 	d.releaseLease()
-	d.w.p.free()
+	d.w.p.Free()
 }
 
 // ended turns how an attempt that ran, or was adopted, ended (its outcome

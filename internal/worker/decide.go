@@ -8,6 +8,10 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
+// pausedRecheck is how long a job delivered while its pool is paused is
+// left before a worker looks at it again.
+const pausedRecheck = 2 * time.Second
+
 // What a worker does with one delivery of a job message is decided here,
 // by decide, from what it knows at that moment: every action a delivery
 // takes comes from decide, and delivery.settle carries it out. What the

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,7 +265,7 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	cfg = cfg.WithDefaults()
 	w := &Worker{cfg: cfg, names: cfg.Queue.Names, log: cfg.Logger, journal: j}
 	w.m = newMetrics(noopMeter, w)
-	w.p = newProducer(w)
+	w.p = &fakeProducer{}
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))
 	w.scope = newScopes(context.Background())
 	t.Cleanup(w.scope.giveUp)
@@ -273,6 +274,18 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	t.Cleanup(w.completer.close)
 	return w
 }
+
+// fakeProducer is the first stage of a testWorker: it pulls nothing, and
+// counts the slots given back.
+type fakeProducer struct{ freed atomic.Int64 }
+
+func (*fakeProducer) Start(context.Context, context.Context) error { return nil }
+func (*fakeProducer) Halt()                                        {}
+func (*fakeProducer) Wait()                                        {}
+func (*fakeProducer) Close(context.Context) error                  { return nil }
+func (p *fakeProducer) Free()                                      { p.freed.Add(1) }
+func (*fakeProducer) Ran(string, time.Duration)                    {}
+func (*fakeProducer) Paused() bool                                 { return false }
 
 // jobMessage returns the message that queued a request, as the
 // dispatcher writes it: the first version of the job's record, at stream

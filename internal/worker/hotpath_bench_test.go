@@ -39,30 +39,6 @@ func BenchmarkDeliveryLog(b *testing.B) {
 	}
 }
 
-// BenchmarkSlots measures taking a slot and giving it back, with nobody
-// waiting: what each job does.
-func BenchmarkSlots(b *testing.B) {
-	ctx := context.Background()
-	b.Run("serial", func(b *testing.B) {
-		s := newSlots(256)
-		b.ReportAllocs()
-		for b.Loop() {
-			n, _ := s.acquireAll(ctx, 1)
-			s.release(n)
-		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		s := newSlots(256)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				n, _ := s.acquireAll(ctx, 1)
-				s.release(n)
-			}
-		})
-	})
-}
-
 // BenchmarkTenantWaitAttrs measures finding the attribute set of a
 // tenant's jobs at a priority, as each job's first start does.
 func BenchmarkTenantWaitAttrs(b *testing.B) {

@@ -16,17 +16,8 @@ type metrics struct {
 	started   metric.Int64Counter
 	adopted   metric.Int64Counter
 	handedOff metric.Int64Counter
-	// cut counts the pull requests whose wait on the pool's only queue
-	// was cut as it got another; handedBack what they brought after,
-	// with no slot free (see waiting).
-	cut        metric.Int64Counter
-	handedBack metric.Int64Counter
-	// pullsAgain counts the empty pulls from a queue whose job a
-	// dispatcher said was on its way, tried again (see expected).
-	pullsAgain metric.Int64Counter
-
-	finished metric.Int64Counter
-	retries  metric.Int64Counter
+	finished  metric.Int64Counter
+	retries   metric.Int64Counter
 	// batch is the number of final versions the completer sent together;
 	// alone those it handed back to their deliveries (see completer).
 	batch    metric.Int64Histogram
@@ -89,9 +80,6 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	x.started, _ = m.Int64Counter("fleet.worker.attempts.started", metric.WithDescription("Attempts started"))
 	x.adopted, _ = m.Int64Counter("fleet.worker.attempts.adopted", metric.WithDescription("Attempts that outlived their worker and were adopted"))
 	x.handedOff, _ = m.Int64Counter("fleet.worker.attempts.handed_off", metric.WithDescription("Attempts left running for another worker to adopt, by a worker stopping with --handoff"))
-	x.cut, _ = m.Int64Counter("fleet.worker.pulls.cut", metric.WithDescription("Pull requests waiting on a pool's only queue whose wait was cut as the pool got another queue, so that its slots are shared at once"))
-	x.handedBack, _ = m.Int64Counter("fleet.worker.pulls.handed_back", metric.WithDescription("Jobs a pull request whose wait was cut brought with no slot free, handed back to their queue at once"))
-	x.pullsAgain, _ = m.Int64Counter("fleet.worker.pulls.again", metric.WithDescription("Pulls that found nothing in a queue whose job a dispatcher had said was on its way, tried again a moment later"))
 	x.finished, _ = m.Int64Counter("fleet.worker.jobs.finished", metric.WithDescription("Jobs finished, by final status"))
 	x.retries, _ = m.Int64Counter("fleet.worker.retries", metric.WithDescription("Attempts that failed and were scheduled again, by failure class"))
 	x.batch, _ = m.Int64Histogram("fleet.worker.completer.batch", metric.WithDescription("Final versions of jobs the completer sent and acknowledged together"),
@@ -109,16 +97,10 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
 	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
 	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))
-	paused, _ := m.Int64ObservableGauge("fleet.worker.pool.paused", metric.WithDescription("1 while the worker's pool is paused, as the worker last read it"))
 	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
 		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
-		p := int64(0)
-		if w.p.paused() {
-			p = 1
-		}
-		o.ObserveInt64(paused, p, x.poolAttrs)
 		return nil
-	}, slotsGauge, paused)
+	}, slotsGauge)
 	return x
 }

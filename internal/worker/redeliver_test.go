@@ -226,7 +226,6 @@ func deliver(t *testing.T, h *hand, id string, exec executor.Executor, msg *fake
 	t.Helper()
 	w := testWorker(t, h, Config{ID: id})
 	w.exec = exec
-	w.p.slots.acquireAll(context.Background(), 1)
 	w.handlers.attempts.Add(1)
 	// A dead worker's settlement gives up at once rather than retrying.
 	if h.dieAfter > 0 {

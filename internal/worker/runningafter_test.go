@@ -25,7 +25,6 @@ func runAfter(t *testing.T, h *hand, id string, d time.Duration, exec executor.E
 	t.Helper()
 	w := testWorker(t, h, Config{ID: id, RunningAfter: d})
 	w.exec = exec
-	w.p.slots.acquireAll(context.Background(), 1)
 	w.handlers.attempts.Add(1)
 	w.handle(deadMsg{fakeMsg: msg, h: h})
 }
@@ -218,7 +217,6 @@ func runLagging(t *testing.T, j *lagging, exec executor.Executor, msg *fakeMsg) 
 	t.Helper()
 	w := testWorker(t, j, Config{ID: "w1", RunningAfter: 20 * time.Millisecond, Progress: 100 * time.Millisecond})
 	w.exec = exec
-	w.p.slots.acquireAll(context.Background(), 1)
 	w.handlers.attempts.Add(1)
 	var n atomic.Int32
 	w.handle(progressed{deadMsg{fakeMsg: msg, h: j.hand}, &n})

@@ -324,7 +324,6 @@ func TestCancelReachesARunningDelivery(t *testing.T) {
 	w := testWorker(t, j, Config{})
 	exec := blocking{started: make(chan struct{})}
 	w.exec = exec
-	w.p.slots.acquireAll(context.Background(), 1)
 	w.handlers.attempts.Add(1)
 	msg := jobMessage(t, o, &job.Request{ID: "c", Command: []string{"sleep", "60"}}, rev, 1)
 
@@ -369,7 +368,6 @@ func TestNoCapacityWritesNothing(t *testing.T) {
 	w := testWorker(t, j, Config{})
 	w.cfg.Capacity = full{}
 	w.exec = blocking{started: make(chan struct{})}
-	w.p.slots.acquireAll(context.Background(), 1)
 	w.handlers.attempts.Add(1)
 	w.handle(jobMessage(t, o, &job.Request{ID: "n", Command: []string{"true"}}, rev, 1))
 	wantOps(t, o.all(), []string{"nak 1s"})

@@ -2,10 +2,8 @@ package worker
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,78 +34,6 @@ func TestBackoffDelayStaysWithinTheJitter(t *testing.T) {
 	r.Retry.Jitter = &zero
 	if d := BackoffDelay(r.Retry, 2); d != 300*time.Millisecond {
 		t.Errorf("without jitter, attempt 2 waits %s, want 300ms", d)
-	}
-}
-
-func TestSlotsNeverHandOutMoreThanThereAre(t *testing.T) {
-	s := newSlots(5)
-	ctx := context.Background()
-	n, _ := s.acquireAll(ctx, 3)
-	if n != 3 {
-		t.Fatalf("took %d of 5 with max 3", n)
-	}
-	n, _ = s.acquireAll(ctx, 10)
-	if n != 2 {
-		t.Fatalf("took %d of the 2 left", n)
-	}
-	done := make(chan int)
-	go func() { n, _ := s.acquireAll(ctx, 10); done <- n }()
-	select {
-	case <-done:
-		t.Fatal("acquired with no slot free")
-	case <-time.After(50 * time.Millisecond):
-	}
-	s.release(1)
-	if n := <-done; n != 1 {
-		t.Fatalf("took %d after one release", n)
-	}
-	// One release wakes every waiter.
-	for range 2 {
-		go func() { n, _ := s.acquireAll(ctx, 1); done <- n }()
-	}
-	time.Sleep(20 * time.Millisecond)
-	s.release(2)
-	for range 2 {
-		select {
-		case n := <-done:
-			if n != 1 {
-				t.Fatalf("a waiter took %d after a release of 2, want 1", n)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a release of 2 woke one of two waiters")
-		}
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	if _, err := s.acquireAll(cctx, 1); err == nil {
-		t.Error("acquire with a cancelled context and no free slot succeeded")
-	}
-
-	// Many goroutines: never more than the total held at once.
-	s = newSlots(4)
-	var mu sync.Mutex
-	held, peak := 0, 0
-	var wg sync.WaitGroup
-	for g := 0; g < 16; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 100; i++ {
-				n, _ := s.acquireAll(ctx, 2)
-				mu.Lock()
-				held += n
-				peak = max(peak, held)
-				mu.Unlock()
-				mu.Lock()
-				held -= n
-				mu.Unlock()
-				s.release(n)
-			}
-		}()
-	}
-	wg.Wait()
-	if peak > 4 {
-		t.Errorf("%d slots held at once out of 4", peak)
 	}
 }
 

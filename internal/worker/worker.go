@@ -25,6 +25,7 @@ import (
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/executor"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
+	"github.com/fleet-dev/fleet/internal/producer"
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/internal/telemetry"
 	"github.com/fleet-dev/fleet/job"
@@ -207,8 +208,8 @@ type Worker struct {
 	names queue.Names
 	log   *slog.Logger
 	// p is the first stage: it pulls, and hands deliveries to this one
-	// (see producer.go).
-	p *producer
+	// (internal/producer).
+	p producerStage
 	// journal reads and writes the jobs' records, events and results;
 	// sealer opens the requests' secrets.
 	journal journal
@@ -254,7 +255,10 @@ func New(nc *nats.Conn, exec executor.Executor, cfg Config) (*Worker, error) {
 		log: cfg.Logger.With("component", "worker", "worker_id", cfg.ID, "pool", cfg.Pool),
 	}
 	w.m = newMetrics(telemetry.Meter(), w)
-	w.p = newProducer(w)
+	w.p = producer.New(producer.Config{
+		Pool: cfg.Pool, Slots: cfg.Slots, FetchWait: cfg.FetchWait, PausePoll: cfg.PausePoll, Queue: cfg.Queue,
+		Capacity: cfg.Capacity, Conn: nc, JetStream: js, Logger: w.log, Meter: telemetry.Meter(),
+	}, attemptStage{w})
 	if r, ok := exec.(executor.UsageReader); ok && w.cfg.Usage == nil {
 		w.cfg.Usage = executor.NewUsageSampler(r, time.Second)
 	}
@@ -303,7 +307,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.completer = newCompleter(w, w.cfg.Slots)
 	go w.completer.run()
 	w.handlers.start(w.cfg.Slots, w.handle)
-	if err := w.p.start(ctx, w.scope.run); err != nil {
+	if err := w.p.Start(ctx, w.scope.run); err != nil {
 		return err
 	}
 	w.log.Info("worker started", "slots", w.cfg.Slots, "backend", w.cfg.Backend, "ack_wait", w.cfg.Queue.AckWait)
@@ -327,7 +331,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	var err error
 	w.log.Info("draining", "running", w.Running())
 	w.stopping.draining.Store(true)
-	w.p.halt()
+	w.p.Halt()
 	if _, ok := w.exec.(executor.Adopter); ok && w.cfg.Handoff {
 		w.log.Info("handing running attempts off to the pool", "running", w.Running())
 		w.scope.stopRuns(executor.ErrLeaveRunning)
@@ -335,7 +339,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	done := make(chan struct{})
 	// Open fetches end within FetchWait; what they still bring is handed
 	// back. Only they start attempts, so attempts are waited for after.
-	go func() { w.p.pulling.Wait(); w.handlers.attempts.Wait(); close(done) }()
+	go func() { w.p.Wait(); w.handlers.attempts.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
@@ -358,7 +362,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	for _, f := range w.unsubscribe {
 		f()
 	}
-	if perr := w.p.close(context.WithoutCancel(ctx)); perr != nil {
+	if perr := w.p.Close(context.WithoutCancel(ctx)); perr != nil {
 		err = errors.Join(err, perr)
 	}
 	w.scope.stopRuns(executor.ErrRequeue)
@@ -403,12 +407,34 @@ func (w *Worker) runningAfter() time.Duration {
 	return max(w.cfg.RunningAfter, 0)
 }
 
-// holdings returns what the attempts running here hold, by tenant.
-func (w *Worker) holdings() map[string]capacity.Holding { return w.runs.holdings() }
+// producerStage is the worker's first stage (producer.Producer), as the
+// worker starts and stops it and the attempt stage gives back its slots.
+type producerStage interface {
+	Start(ctx, parent context.Context) error
+	Halt()
+	Wait()
+	Close(ctx context.Context) error
+	// Free gives back the slot of an attempt done with it; Ran counts the
+	// time a tenant held it; Paused says whether the pool is paused.
+	Free()
+	Ran(tenant string, d time.Duration)
+	Paused() bool
+}
 
-// deliver hands a message the producer pulled, in a slot of its own, to
-// a handler.
-func (w *Worker) deliver(msg jetstream.Msg) { w.handlers.deliver(msg) }
+var _ producerStage = (*producer.Producer)(nil)
+
+// attemptStage is the worker's attempt stage, as its producer sees it.
+type attemptStage struct{ w *Worker }
+
+// Deliver hands a message the producer pulled, in a slot of its own, to a
+// handler.
+func (a attemptStage) Deliver(msg jetstream.Msg) { a.w.handlers.deliver(msg) }
+
+// Running is how many attempts run here.
+func (a attemptStage) Running() int { return a.w.Running() }
+
+// Holdings is what the attempts running here hold, by tenant.
+func (a attemptStage) Holdings() map[string]capacity.Holding { return a.w.runs.holdings() }
 
 // scopes are the contexts attempts run in. settle bounds what they write
 // and publish to settle their jobs, and ends only when Stop gives up on

@@ -1,4 +1,4 @@
-package worker
+package producer
 
 import (
 	"context"
@@ -31,7 +31,7 @@ var (
 )
 
 // acquire takes n of p's slots, as the pull loop does before it plans.
-func acquire(t *testing.T, p *producer, n int) {
+func acquire(t *testing.T, p *Producer, n int) {
 	t.Helper()
 	if got, _ := p.slots.tryAcquire(n); got != n {
 		t.Fatalf("took %d slots; want %d", got, n)
@@ -403,7 +403,7 @@ func TestBindHeardTriesAgainUntilThePullStops(t *testing.T) {
 	ended := make(chan error, 1)
 	go func() { _, err := p.bindHeard(keyA); ended <- err }()
 	eventually(t, "a first try", func() bool { return src.bindCount(keyA) >= 1 })
-	p.halt()
+	p.Halt()
 	select {
 	case err := <-ended:
 		if err == nil {

@@ -1,4 +1,4 @@
-package worker
+package producer
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 // start no attempt, and the jobs that arrive wait in the pool's stream.
 // Each worker watches the pool's entry in the pools bucket, and reads it
 // again every PausePoll; while the pool is paused its pull loop asks for
-// nothing, and a delivery it had already taken is given back, without
-// being counted, to come back after pausedRecheck.
+// nothing, and the attempt stage gives back a delivery it had already
+// taken, without counting it, to come back a moment later.
 //
 // The watch alone would not make a pause hold for the jobs submitted once
 // it is answered: the server feeds it on its own time, and a job can reach
@@ -34,10 +34,6 @@ import (
 // the channel of its subscription by then. The states read, watched and
 // told carry the entry's revision, and an older one than the worker knows
 // is ignored.
-
-// pausedRecheck is how long a job delivered while its pool is paused is
-// left before a worker looks at it again.
-const pausedRecheck = 2 * time.Second
 
 // pauseState is whether the worker's pool is paused, as last read.
 type pauseState struct {
@@ -88,7 +84,7 @@ func (p *pauseState) waitResumed(ctx context.Context) bool {
 // readPause reads the pool's state: whether it is paused, and its
 // sharing policy. A fleet whose dispatchers predate the pools bucket has
 // no pauses: the worker keeps trying to open it, quietly.
-func (p *producer) readPause(ctx context.Context) {
+func (p *Producer) readPause(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, max(p.cfg.PausePoll, time.Second))
 	defer cancel()
 	kv, err := p.poolsBucket(ctx)
@@ -103,7 +99,7 @@ func (p *producer) readPause(ctx context.Context) {
 	p.setPool(s, rev)
 }
 
-func (p *producer) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+func (p *Producer) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	p.poolsMu.Lock()
 	defer p.poolsMu.Unlock()
 	if p.pools == nil {
@@ -118,7 +114,7 @@ func (p *producer) poolsBucket(ctx context.Context) (jetstream.KeyValue, error) 
 
 // setPool applies what was read of the pool's state, the bucket's entry
 // at revision rev, unless the worker knows a later one.
-func (p *producer) setPool(s *job.PoolState, rev uint64) {
+func (p *Producer) setPool(s *job.PoolState, rev uint64) {
 	p.pause.mu.Lock()
 	defer p.pause.mu.Unlock()
 	if rev < p.pause.rev {
@@ -141,7 +137,7 @@ func (p *producer) setPool(s *job.PoolState, rev uint64) {
 // watchPool follows the pool's entry in the pools bucket, so that a pause
 // or a new policy holds here as soon as it is stored (the reads every
 // PausePoll stay, for a watch that broke off).
-func (p *producer) watchPool(ctx context.Context) error {
+func (p *Producer) watchPool(ctx context.Context) error {
 	lifecycle.Again(ctx, p.log, "the watch of the pool's state", 100*time.Millisecond, 5*time.Second, func(ctx context.Context) error {
 		kv, err := p.poolsBucket(ctx)
 		if err != nil {
@@ -195,7 +191,7 @@ const wordsKept = 256
 // on: a state told before the delivery came is in w.words by then, since
 // the connection's reader puts each message in its subscription's channel
 // in the order they came.
-func (p *producer) catchUp() {
+func (p *Producer) catchUp() {
 	p.wordsMu.Lock()
 	defer p.wordsMu.Unlock()
 	for {
@@ -210,7 +206,7 @@ func (p *producer) catchUp() {
 
 // told applies a dispatcher's word that carries the pool's state; other
 // words (a new queue) are onNewQueue's.
-func (p *producer) told(m *nats.Msg) {
+func (p *Producer) told(m *nats.Msg) {
 	h := m.Header.Get(queue.HeaderPoolRevision)
 	if h == "" {
 		return

@@ -1,4 +1,4 @@
-package worker
+package producer
 
 import (
 	"context"
@@ -48,11 +48,11 @@ func TestPullAsksForTheFreeSlotsAndHandsOnEveryMessage(t *testing.T) {
 	// Two slots run, two wait in the first fetch: nothing is free.
 	c.none(t, 50*time.Millisecond, "with no slot free")
 
-	p.free() // j1 ends
+	p.Free() // j1 ends
 	if b2 := c.next(t); b2.n != 1 {
 		t.Fatalf("second fetch asked for %d; want the one slot freed", b2.n)
 	}
-	p.free() // j2 ends: a slot is free, but two fetches are open
+	p.Free() // j2 ends: a slot is free, but two fetches are open
 	c.none(t, 50*time.Millisecond, "while two fetches were open")
 	if n := freeSlots(p); n != 1 {
 		t.Errorf("%d slots free with two fetches open; want the 1 freed", n)
@@ -128,7 +128,7 @@ func TestPullMakesAGoneQueueAgainOnceForSeveralFetches(t *testing.T) {
 	b1 := c.next(t)
 	b1.send(msgOf(&ops{}, "j1", 0))
 	run.delivered(t, 1)
-	p.free()
+	p.Free()
 	b2 := c.next(t)
 
 	b1.end(jetstream.ErrConsumerDeleted)
@@ -200,14 +200,14 @@ func TestPullAsksForNothingWhilePaused(t *testing.T) {
 	if n := freeSlots(p); n != 3 {
 		t.Errorf("%d of 3 slots free while paused; want every one", n)
 	}
-	if !p.paused() {
+	if !p.Paused() {
 		t.Error("paused() is false after a pause")
 	}
 	p.setPool(&job.PoolState{}, 2)
 	if b := c.next(t); b.n != 3 {
 		t.Errorf("once resumed, asked for %d; want 3", b.n)
 	}
-	if p.paused() {
+	if p.Paused() {
 		t.Error("paused() is true once resumed")
 	}
 }
@@ -264,7 +264,7 @@ func TestFetchOptsHeartbeatAQuarterOfTheWait(t *testing.T) {
 		{200 * time.Millisecond, 50 * time.Millisecond},
 		{199 * time.Millisecond, 0},
 	} {
-		p := &producer{cfg: &Config{FetchWait: tc.wait}}
+		p := &Producer{cfg: &Config{FetchWait: tc.wait}}
 		b, err := cons.Fetch(1, p.fetchOpts()...)
 		if err != nil {
 			t.Fatal(err)
@@ -318,7 +318,7 @@ func TestFreeAndRan(t *testing.T) {
 		t.Fatal("no slot to take")
 	}
 	ended := p.ended.wait()
-	p.free()
+	p.Free()
 	select {
 	case <-ended:
 	default:
@@ -327,7 +327,7 @@ func TestFreeAndRan(t *testing.T) {
 	if n := freeSlots(p); n != 1 {
 		t.Errorf("%d slots free after free; want 1", n)
 	}
-	p.ran("a", 10*time.Minute) // the default half-life: 10 min of one slot
+	p.Ran("a", 10*time.Minute) // the default half-life: 10 min of one slot
 	if u := p.usage.slots("a", job.DefaultHalfLife, time.Now()); u < 0.69 || u > 0.70 {
 		t.Errorf("usage after one slot for a half-life: %.3f slots; want ln 2 = 0.693", u)
 	}
@@ -353,7 +353,7 @@ func TestStartHaltClose(t *testing.T) {
 	p.nc, p.js = nc, js
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.start(ctx, context.Background()); err != nil {
+	if err := p.Start(ctx, context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	q := p.qs.get(keyA)
@@ -368,7 +368,7 @@ func TestStartHaltClose(t *testing.T) {
 	if b.n != 2 {
 		t.Errorf("the first fetch asked for %d; want 2", b.n)
 	}
-	p.halt()
+	p.Halt()
 	b.end(nats.ErrTimeout)
 	c.none(t, 50*time.Millisecond, "after halt")
 	done := make(chan struct{})
@@ -378,7 +378,7 @@ func TestStartHaltClose(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the pull did not end after halt")
 	}
-	if err := p.close(ctx); err != nil {
+	if err := p.Close(ctx); err != nil {
 		t.Errorf("close: %v", err)
 	}
 	if p.qsub.IsValid() || p.wsub.IsValid() {

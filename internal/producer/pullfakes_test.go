@@ -1,18 +1,22 @@
-package worker
+package producer
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/queue"
+	"github.com/fleet-dev/fleet/job"
 )
 
 // The fakes of the pull loop's tests: a queue's consumer whose fetches the
@@ -269,7 +273,7 @@ func (s *fakeSource) listCount() int {
 // fakeRun is the attempt stage: it records each message handed on and,
 // when autoFree, gives its slot back at once.
 type fakeRun struct {
-	p        *producer
+	p        *Producer
 	autoFree bool
 	got      chan jetstream.Msg
 	mu       sync.Mutex
@@ -279,12 +283,12 @@ type fakeRun struct {
 	known []*fakeConsumer
 }
 
-var _ attempts = (*fakeRun)(nil)
+var _ Attempts = (*fakeRun)(nil)
 
-func (r *fakeRun) deliver(msg jetstream.Msg) {
+func (r *fakeRun) Deliver(msg jetstream.Msg) {
 	r.got <- msg
 	if r.autoFree {
-		r.p.free()
+		r.p.Free()
 	}
 }
 
@@ -294,7 +298,7 @@ func (r *fakeRun) Running() int {
 	return r.running
 }
 
-func (r *fakeRun) holdings() map[string]capacity.Holding {
+func (r *fakeRun) Holdings() map[string]capacity.Holding {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := map[string]capacity.Holding{}
@@ -333,15 +337,16 @@ func (r *fakeRun) nothingDelivered(t *testing.T) {
 // fakeRun it returns, with no NATS (nc and js nil) unless the test sets
 // them. Its pull context ends with the test, and every goroutine it
 // started is waited for.
-func testProducer(t *testing.T, cfg Config, src source) (*producer, *fakeRun) {
+func testProducer(t *testing.T, cfg Config, src source) (*Producer, *fakeRun) {
 	t.Helper()
+	cfg.Pool = cmp.Or(cfg.Pool, job.DefaultPool)
+	cfg.FetchWait = cmp.Or(cfg.FetchWait, time.Second)
+	cfg.PausePoll = cmp.Or(cfg.PausePoll, time.Second)
+	cfg.Queue = cfg.Queue.WithDefaults()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg.ID, cfg.Backend = "w1", "test"
-	cfg = cfg.WithDefaults()
 	run := &fakeRun{got: make(chan jetstream.Msg, 1000), held: map[string]capacity.Holding{}}
-	p := &producer{cfg: &cfg, names: cfg.Queue.Names, log: cfg.Logger, run: run, src: src,
-		slots: newSlots(cfg.Slots), qs: &queueSet{queues: newQueues()}}
-	p.m = newMetrics(noopMeter, &Worker{cfg: cfg, p: p})
+	p := New(cfg, run)
+	p.src = src
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	run.p = p
 	t.Cleanup(func() { stopPull(t, p) })
@@ -350,9 +355,9 @@ func testProducer(t *testing.T, cfg Config, src source) (*producer, *fakeRun) {
 
 // stopPull halts p, ends the fetches of every consumer it knows as their
 // expiry would, and waits for its goroutines.
-func stopPull(t *testing.T, p *producer) {
+func stopPull(t *testing.T, p *Producer) {
 	t.Helper()
-	p.halt()
+	p.Halt()
 	done := make(chan struct{})
 	go func() { p.pulling.Wait(); close(done) }()
 	deadline := time.Now().Add(10 * time.Second)
@@ -394,7 +399,7 @@ func stopPull(t *testing.T, p *producer) {
 }
 
 // addQueue adds a queue of key k over c to p, with pending waiting.
-func addQueue(p *producer, k queue.QueueKey, c jetstream.Consumer, pending int64) *workQueue {
+func addQueue(p *Producer, k queue.QueueKey, c jetstream.Consumer, pending int64) *workQueue {
 	q := &workQueue{key: k, cons: c}
 	q.pending.Store(pending)
 	if fc, ok := c.(*fakeConsumer); ok {
@@ -408,8 +413,8 @@ func addQueue(p *producer, k queue.QueueKey, c jetstream.Consumer, pending int64
 	return q
 }
 
-// startPull starts p's pull loop, as start does.
-func startPull(p *producer) {
+// startPull starts p's pull loop, as Start does.
+func startPull(p *Producer) {
 	p.pulling.Add(1)
 	go p.pull()
 }
@@ -427,19 +432,41 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // freeSlots is how many of p's slots are free.
-func freeSlots(p *producer) int {
+func freeSlots(p *Producer) int {
 	p.slots.mu.Lock()
 	defer p.slots.mu.Unlock()
 	return p.slots.free
 }
 
-// pullMsg is a job message whose metadata says how many wait after it
-// (noMeta: its metadata cannot be read).
+// ops is what the messages of a test were told, in order.
+type ops struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (o *ops) add(format string, args ...any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.log = append(o.log, fmt.Sprintf(format, args...))
+}
+
+func (o *ops) all() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.log...)
+}
+
+// pullMsg is a job message of subject, whose metadata says how many wait
+// after it (noMeta: its metadata cannot be read); what it is told goes to
+// ops.
 type pullMsg struct {
-	*fakeMsg
+	ops     *ops
+	subject string
 	pending uint64
 	noMeta  bool
 }
+
+var _ jetstream.Msg = (*pullMsg)(nil)
 
 func (m *pullMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	if m.noMeta {
@@ -447,8 +474,25 @@ func (m *pullMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	}
 	return &jetstream.MsgMetadata{NumDelivered: 1, NumPending: m.pending}, nil
 }
+func (m *pullMsg) Data() []byte                    { return nil }
+func (m *pullMsg) Headers() nats.Header            { return nil }
+func (m *pullMsg) Subject() string                 { return m.subject }
+func (m *pullMsg) Reply() string                   { return "" }
+func (m *pullMsg) Ack() error                      { m.ops.add("ack"); return nil }
+func (m *pullMsg) DoubleAck(context.Context) error { m.ops.add("ack"); return nil }
+func (m *pullMsg) Nak() error                      { m.ops.add("nak"); return nil }
+func (m *pullMsg) NakWithDelay(d time.Duration) error {
+	m.ops.add("nak %s", d)
+	return nil
+}
+func (m *pullMsg) InProgress() error { return nil }
+func (m *pullMsg) Term() error       { m.ops.add("term"); return nil }
+func (m *pullMsg) TermWithReason(r string) error {
+	m.ops.add("term %s", r)
+	return nil
+}
 
 // msgOf makes a message of subject s, pending after it.
 func msgOf(o *ops, s string, pending uint64) *pullMsg {
-	return &pullMsg{fakeMsg: &fakeMsg{ops: o, subject: s, delivered: 1}, pending: pending}
+	return &pullMsg{ops: o, subject: s, pending: pending}
 }

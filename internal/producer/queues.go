@@ -1,4 +1,4 @@
-package worker
+package producer
 
 import (
 	"context"
@@ -161,7 +161,7 @@ const (
 // Neither is needed to start: while a server of the cluster is down a
 // listing may not answer, and the queues are then found by the next one,
 // or from the dispatchers' word.
-func (p *producer) bindQueues(ctx context.Context) error {
+func (p *Producer) bindQueues(ctx context.Context) error {
 	if err := p.fromSingleConsumer(ctx); err != nil {
 		p.log.Warn("cannot look for an older fleet's consumer; trying again at the next start", "err", err)
 	}
@@ -188,7 +188,7 @@ func (p *producer) bindQueues(ctx context.Context) error {
 // stream's beginning; a job that already ended is acknowledged as it is
 // read). It leaves jobs-<pool> to whoever still pulls from it: a job
 // taken by both starts once, its record's compare-and-set decides.
-func (p *producer) fromSingleConsumer(ctx context.Context) error {
+func (p *Producer) fromSingleConsumer(ctx context.Context) error {
 	st, err := p.js.Stream(ctx, p.names.PoolStreamV2(p.cfg.Pool))
 	if err != nil {
 		return fmt.Errorf("pool %s: %w", p.cfg.Pool, err)
@@ -226,7 +226,7 @@ func (p *producer) fromSingleConsumer(ctx context.Context) error {
 // the server while it still removes the deleted consumer fails ("consumer
 // does not exist", "error creating store for consumer"); the fetches that
 // follow find no responders, and unanswered makes the queue again.
-func (p *producer) rebind(q *workQueue) {
+func (p *Producer) rebind(q *workQueue) {
 	// Each fetch that was waiting hears of the deletion: one makes the
 	// queue again (two creates of one consumer at once may fail both).
 	if !q.rebinding.CompareAndSwap(false, true) {
@@ -270,7 +270,7 @@ const checkEvery = time.Second
 // the queue is made again when it says the consumer does not exist; it is
 // asked once every checkEvery at most, a request to one consumer's leader,
 // beside the pulls (with no meta leader, nobody answers it for a while).
-func (p *producer) unanswered(q *workQueue) {
+func (p *Producer) unanswered(q *workQueue) {
 	now := time.Now().UnixNano()
 	last := q.checked.Load()
 	if now-last < int64(checkEvery) || !q.checked.CompareAndSwap(last, now) {
@@ -288,7 +288,7 @@ func (p *producer) unanswered(q *workQueue) {
 }
 
 // bindQueue binds to one queue, known or not.
-func (p *producer) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, error) {
+func (p *Producer) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue, error) {
 	p.qs.mu.Lock()
 	defer p.qs.mu.Unlock()
 	if q := p.qs.get(k); q != nil {
@@ -312,7 +312,7 @@ func (p *producer) bindQueue(ctx context.Context, k queue.QueueKey) (*workQueue,
 // are cut, so that the pull loop plans those slots between the queues now
 // (a new tenant's first job, or a priority's, starts as soon as it is
 // queued).
-func (p *producer) cutWaits() {
+func (p *Producer) cutWaits() {
 	requests, n := p.qs.cut()
 	if requests == 0 {
 		return
@@ -328,7 +328,7 @@ func (p *producer) cutWaits() {
 // same request, which is first in the server's line, and back, again and
 // again, each time a delivery more of the job's. The queue is noted as
 // having it then, for the plan.
-func (p *producer) handBack(q *workQueue, req *waiting, msg jetstream.Msg) {
+func (p *Producer) handBack(q *workQueue, req *waiting, msg jetstream.Msg) {
 	p.m.handedBack.Add(context.Background(), 1, p.m.poolAttrs)
 	delay := max(time.Until(req.until), 0) + handBackAfter
 	if err := msg.NakWithDelay(delay); err != nil {
@@ -352,7 +352,7 @@ const handBackAfter = 100 * time.Millisecond
 // learns of new queues by its listing every PausePoll). It listens again
 // once a queue has fewer than 2 fetches waiting: as one fetch takes at
 // most Slots jobs, it listens before the queue runs dry.
-func (p *producer) listen() error {
+func (p *Producer) listen() error {
 	p.qs.mu.Lock()
 	defer p.qs.mu.Unlock()
 	need := p.qs.only() == nil
@@ -387,7 +387,7 @@ func (p *producer) listen() error {
 // onNewQueue hears from a dispatcher that it made a queue of the pool,
 // for the job it is about to queue there; a word on the pool's state is
 // applied at once (catchUp takes it from p.words).
-func (p *producer) onNewQueue(m *nats.Msg) {
+func (p *Producer) onNewQueue(m *nats.Msg) {
 	p.catchUp()
 	if m.Header.Get(queue.HeaderPoolRevision) != "" {
 		return
@@ -400,7 +400,7 @@ func (p *producer) onNewQueue(m *nats.Msg) {
 }
 
 // onQueued hears that a job was queued.
-func (p *producer) onQueued(m *nats.Msg) {
+func (p *Producer) onQueued(m *nats.Msg) {
 	kind, k, ok := p.names.ParseJobLive(m.Subject)
 	if !ok || k.Pool != p.cfg.Pool || len(kind) != 2 {
 		return
@@ -415,7 +415,7 @@ func (p *producer) onQueued(m *nats.Msg) {
 // heard notes a job queued on a queue, binding to the queue if it is new;
 // told, the job is on its way: a dispatcher said it made the queue for
 // its job, before it queues it (see expected).
-func (p *producer) heard(key queue.QueueKey, told bool) {
+func (p *Producer) heard(key queue.QueueKey, told bool) {
 	if q := p.qs.get(key); q != nil {
 		if told {
 			q.expect()
@@ -464,7 +464,7 @@ const (
 
 // bindHeard binds to a queue heard of, trying again as bindTry says until
 // bound, for bindFor at most, or until the pull stops.
-func (p *producer) bindHeard(key queue.QueueKey) (*workQueue, error) {
+func (p *Producer) bindHeard(key queue.QueueKey) (*workQueue, error) {
 	give := time.Now().Add(bindFor)
 	for {
 		ctx, cancel := context.WithTimeout(p.ctx, bindTry)
@@ -532,7 +532,7 @@ func (qs *queueSet) held() int {
 
 // refreshQueues lists the pool's queues again: new ones, and what waits
 // on each by their consumers' count.
-func (p *producer) refreshQueues(ctx context.Context) {
+func (p *Producer) refreshQueues(ctx context.Context) {
 	// A listing is a request to the cluster's JetStream API, which answers
 	// it by asking each consumer's leader: not more often than listEvery,
 	// and, after a listing that failed (a server down), not before
@@ -573,7 +573,7 @@ func (p *producer) refreshQueues(ctx context.Context) {
 }
 
 // unlisten ends the subscriptions of listen.
-func (p *producer) unlisten() {
+func (p *Producer) unlisten() {
 	p.qs.mu.Lock()
 	defer p.qs.mu.Unlock()
 	for _, s := range p.qs.subs {
@@ -583,9 +583,9 @@ func (p *producer) unlisten() {
 
 // tenantView tells the plan what a tenant runs in the pool, its decayed
 // usage, and whether its quota is full.
-func (p *producer) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, now time.Time) func(string) tenantView {
+func (p *Producer) tenantView(policy *job.PoolPolicy, shares *capacity.Shares, now time.Time) func(string) tenantView {
 	hl := policy.HalfLifeOr()
-	own := p.run.holdings()
+	own := p.run.Holdings()
 	return func(t string) tenantView {
 		h := own[t]
 		var u float64
@@ -631,7 +631,7 @@ func dominant(h capacity.Holding, s *capacity.Shares, ownSlots int) float64 {
 // queues, and reports whether it asked for any; when it did not, the
 // slots are the caller's to give back. Its fetches go on beside the pull
 // loop; done is called once they have all ended.
-func (p *producer) pullPlanned(n int, done func()) bool {
+func (p *Producer) pullPlanned(n int, done func()) bool {
 	if err := p.listen(); err != nil {
 		p.log.Warn("cannot listen for queued jobs", "err", err)
 	}
@@ -675,7 +675,7 @@ func (p *producer) pullPlanned(n int, done func()) bool {
 
 // pullFrom pulls what is waiting on one queue, at most t.n jobs, without
 // waiting for more.
-func (p *producer) pullFrom(t take) {
+func (p *Producer) pullFrom(t take) {
 	start := time.Now().UnixNano()
 	used := 0
 	defer func() { p.slots.release(t.n - used) }()
@@ -694,7 +694,7 @@ func (p *producer) pullFrom(t take) {
 			last = int64(md.NumPending)
 		}
 		p.catchUp()
-		p.run.deliver(msg)
+		p.run.Deliver(msg)
 	}
 	// The plan counted t.n as taken; what came says what is left. A pull
 	// nobody answered (a queue just made, whose consumer has no leader

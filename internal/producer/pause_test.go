@@ -1,4 +1,4 @@
-package worker
+package producer
 
 import (
 	"encoding/json"
@@ -29,7 +29,7 @@ func word(t *testing.T, s *job.PoolState, rev uint64) *nats.Msg {
 // on, and a state of an older revision (a watch or a read that lags) does
 // not undo it.
 func TestThePoolsStateFollowsItsLatestRevision(t *testing.T) {
-	w := &producer{cfg: &Config{Pool: "p"}, log: slog.New(slog.DiscardHandler), words: make(chan *nats.Msg, wordsKept)}
+	w := &Producer{cfg: &Config{Pool: "p"}, log: slog.New(slog.DiscardHandler), words: make(chan *nats.Msg, wordsKept)}
 	w.setPool(&job.PoolState{Pool: "p"}, 3) // read as it started
 
 	w.words <- &nats.Msg{Subject: "fleet.queues.p", Data: []byte("q3-acme")} // a new queue: not a state

@@ -1,4 +1,13 @@
-package worker
+// Package producer is the first of a worker's stages. It owns the worker's
+// slots and its pool's queues: it binds to them, hears of new ones, plans
+// which to pull from (the sharing policy, share.go), holds off while the
+// pool is paused (pause.go), and hands each message it pulls, a slot taken
+// for it, to the attempt stage (Attempts), which gives the slot back (Free)
+// as soon as the executor is done with it.
+//
+// It knows nothing of the worker but Config and Attempts; the worker
+// (internal/worker) knows nothing of it but the methods of Producer.
+package producer
 
 import (
 	"context"
@@ -12,6 +21,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/fleet-dev/fleet/internal/capacity"
 	"github.com/fleet-dev/fleet/internal/lifecycle"
@@ -19,35 +30,46 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// A worker is two stages, joined by one channel. The producer (this file,
-// queues.go, share.go, pause.go, slots.go) owns the worker's slots and its
-// pool's queues: it binds to them, hears of new ones, plans which to pull
-// from (the sharing policy), holds off while the pool is paused, and hands
-// each message it pulls, a slot taken for it, to the attempt stage. The
-// attempt stage (attempt.go, decide.go, adopt.go, settle.go, report.go)
-// runs each delivery on a goroutine of its own among Slots, decides what
-// it calls for, runs the attempt and settles the job, and gives the slot
-// back (producer.free) as soon as the executor is done with it.
-
-// attempts is what the producer needs of the attempt stage.
-type attempts interface {
-	// deliver hands on a message pulled in a slot of its own.
-	deliver(msg jetstream.Msg)
-	// Running is how many attempts run; holdings what they hold, by
-	// tenant.
+// Attempts is what the producer needs of the attempt stage.
+type Attempts interface {
+	// Deliver hands on a message pulled in a slot of its own.
+	Deliver(msg jetstream.Msg)
+	// Running is how many attempts run.
 	Running() int
-	holdings() map[string]capacity.Holding
+	// Holdings is what the attempts hold, by tenant.
+	Holdings() map[string]capacity.Holding
 }
 
-// producer is the worker's first stage.
-type producer struct {
+// Config is what a producer is built from: the worker's pool and slots,
+// and its connections. Every field but Meter is needed.
+type Config struct {
+	Pool  string
+	Slots int
+	// FetchWait is how long one pull request waits for messages;
+	// PausePoll how often the pool's state and queues are read again.
+	FetchWait time.Duration
+	PausePoll time.Duration
+	// Queue is the fleet's streams and consumers.
+	Queue queue.Config
+	// Capacity is the worker's slot accounting: the plan reads the pool's
+	// shares from it if it is a capacity.Sharer, and pulls no more than
+	// its room if it is a capacity.Room.
+	Capacity  capacity.Capacity
+	Conn      *nats.Conn
+	JetStream jetstream.JetStream
+	Logger    *slog.Logger
+	Meter     metric.Meter
+}
+
+// Producer is the worker's first stage.
+type Producer struct {
 	cfg   *Config
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	names queue.Names
 	log   *slog.Logger
 	m     *metrics
-	run   attempts
+	run   Attempts
 	src   source // the pool's queues
 
 	slots *slots
@@ -81,17 +103,24 @@ type producer struct {
 	watcher    lifecycle.Runner
 }
 
-func newProducer(w *Worker) *producer {
-	return &producer{
-		cfg: &w.cfg, nc: w.nc, js: w.js, names: w.names, log: w.log, m: w.m, run: w,
-		src:   streamSource{js: w.js, cfg: w.cfg.Queue, pool: w.cfg.Pool},
-		slots: newSlots(w.cfg.Slots), qs: &queueSet{queues: newQueues()},
+// New returns the producer of cfg's pool, handing what it pulls to run;
+// Start starts it.
+func New(cfg Config, run Attempts) *Producer {
+	if cfg.Meter == nil {
+		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
+	p := &Producer{
+		cfg: &cfg, nc: cfg.Conn, js: cfg.JetStream, names: cfg.Queue.Names, log: cfg.Logger, run: run,
+		src:   streamSource{js: cfg.JetStream, cfg: cfg.Queue, pool: cfg.Pool},
+		slots: newSlots(cfg.Slots), qs: &queueSet{queues: newQueues()},
+	}
+	p.m = newMetrics(cfg.Meter, cfg.Pool, p.Paused)
+	return p
 }
 
-// start binds to the pool's queues, reads its state, and starts pulling;
-// the pull ends with parent, or at halt. ctx bounds the setup.
-func (p *producer) start(ctx, parent context.Context) error {
+// Start binds to the pool's queues, reads its state, and starts pulling;
+// the pull ends with parent, or at Halt. ctx bounds the setup.
+func (p *Producer) Start(ctx, parent context.Context) error {
 	if err := p.bindQueues(ctx); err != nil {
 		return err
 	}
@@ -122,17 +151,21 @@ func (p *producer) start(ctx, parent context.Context) error {
 	return nil
 }
 
-// halt stops the pull: no fetch starts from now on, and the open ones end
-// within FetchWait (wait for them with pulling).
-func (p *producer) halt() {
+// Halt stops the pull: no fetch starts from now on, and the open ones end
+// within FetchWait (Wait waits for them).
+func (p *Producer) Halt() {
 	if p.cancel != nil {
 		p.cancel()
 	}
 }
 
-// close ends what start subscribed to and started, once the pull has
+// Wait waits for the pull to end, and its open fetches, after Halt or the
+// end of Start's parent.
+func (p *Producer) Wait() { p.pulling.Wait() }
+
+// Close ends what Start subscribed to and started, once the pull has
 // ended.
-func (p *producer) close(ctx context.Context) error {
+func (p *Producer) Close(ctx context.Context) error {
 	for _, s := range []*nats.Subscription{p.qsub, p.wsub} {
 		if s != nil {
 			_ = s.Unsubscribe()
@@ -142,25 +175,25 @@ func (p *producer) close(ctx context.Context) error {
 	return p.background.Stop(ctx)
 }
 
-// free gives a slot back, when its attempt no longer needs it.
-func (p *producer) free() {
+// Free gives a slot back, when its attempt no longer needs it.
+func (p *Producer) Free() {
 	p.slots.release(1)
 	p.ended.fire()
 }
 
-// ran counts a slot that tenant held for d, ended now, in its usage,
+// Ran counts a slot that tenant held for d, ended now, in its usage,
 // unless the worker's capacity keeps the pool's (the ledger, in Redis):
 // then the plan reads it there (see tenantView), and a tenant's usage is
 // kept once.
-func (p *producer) ran(tenant string, d time.Duration) {
+func (p *Producer) Ran(tenant string, d time.Duration) {
 	if _, ok := p.cfg.Capacity.(capacity.Sharer); ok {
 		return
 	}
 	p.usage.add(tenant, d, p.policy.Load().HalfLifeOr(), time.Now())
 }
 
-// paused reports whether the pool is paused, as last read.
-func (p *producer) paused() bool { return p.pause.paused() }
+// Paused reports whether the pool is paused, as last read.
+func (p *Producer) Paused() bool { return p.pause.paused() }
 
 // pull asks the pool's queues for as many messages as there are free
 // slots, and starts an attempt for each message as it arrives. With one
@@ -168,7 +201,7 @@ func (p *producer) paused() bool { return p.pause.paused() }
 // they never ask for more messages than the worker has free slots. With
 // several, the plan of share.go says how many to take from which, and the
 // loop waits to hear of work when none waits.
-func (p *producer) pull() {
+func (p *Producer) pull() {
 	defer p.pulling.Done()
 	maxBatch := min(p.cfg.Slots, 256)
 	wait := lifecycle.Backoff(p.ctx, 100*time.Millisecond, 5*time.Second)
@@ -322,7 +355,7 @@ func (p *producer) pull() {
 					}
 				}
 				p.catchUp()
-				p.run.deliver(msg)
+				p.run.Deliver(msg)
 			}
 			if used > 0 {
 				only.told.Store(0) // what a dispatcher said was on its way came
@@ -359,7 +392,7 @@ func (p *producer) pull() {
 // server the worker was connected to, or as its queue's leadership moves)
 // ends after half of FetchWait, its slots free for the next, rather than at
 // its end.
-func (p *producer) fetchOpts() []jetstream.FetchOpt {
+func (p *Producer) fetchOpts() []jetstream.FetchOpt {
 	opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(p.cfg.FetchWait)}
 	if hb := p.cfg.FetchWait / 4; hb >= 50*time.Millisecond {
 		opts = append(opts, jetstream.FetchHeartbeat(hb))
