@@ -2,7 +2,11 @@ package worker
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleet-dev/fleet/internal/queue"
 	"github.com/fleet-dev/fleet/job"
@@ -25,18 +29,49 @@ import (
 // sorts a moved record from a lost answer and a second final version from
 // its own first. A message is acknowledged only once its final version is
 // stored.
+//
+// It is a lifecycle.Service (Start, Stop) built from what it needs: the
+// journal's SendRecord and the worker's metrics; the attempt stage
+// sees it as completerStage, and hands it each final version as a finalVersion.
 type completer struct {
-	w     *Worker
+	send  sender
+	m     *metrics
 	in    chan *completion
 	batch []*completion
 	done  chan struct{} // closed when run returns
 }
 
+// sender sends a version of a record without waiting (journal.SendRecord).
+type sender interface {
+	SendRecord(rec *job.Record, rev uint64) (answer, error)
+}
+
+// completerStage is the worker's third stage, as the worker starts and
+// stops it and the attempt stage hands it its final versions.
+type completerStage interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+	// complete stores f.rec against f.rev and acknowledges f.msg, and
+	// returns the revision stored; 0 when it did not do both, and refused
+	// then says what the stream's answer said for sure: queue.ErrConflict
+	// (the record moved), queue.ErrFinal (the job has a final version),
+	// nil when nothing is known.
+	complete(f finalVersion) (stored uint64, refused error)
+}
+
+// A finalVersion is one for the completer: the record to store,
+// the revision it is written against, the message to acknowledge once it
+// is stored, and the delivery's log.
+type finalVersion struct {
+	msg jetstream.Msg
+	rec *job.Record
+	rev uint64
+	log func() *slog.Logger
+}
+
 // A completion is one final version handed to the completer.
 type completion struct {
-	d      *delivery
-	rec    *job.Record
-	rev    uint64 // the revision the write is against
+	finalVersion
 	answer answer
 	err    error
 	stored uint64 // the new revision once stored; 0: not known stored
@@ -50,27 +85,43 @@ type completion struct {
 // completeBatch is the most final versions the completer sends at once.
 const completeBatch = 256
 
-func newCompleter(w *Worker, slots int) *completer {
-	return &completer{w: w, in: make(chan *completion, slots), batch: make([]*completion, 0, completeBatch),
-		done: make(chan struct{})}
+// newCompleter returns a completer for a worker of slots slots, sending
+// through send; Start starts it.
+func newCompleter(send sender, slots int, m *metrics) *completer {
+	return &completer{send: send, m: m, in: make(chan *completion, slots),
+		batch: make([]*completion, 0, completeBatch), done: make(chan struct{})}
 }
 
-// complete stores rec, the final version of d's job against revision rev,
-// and acknowledges d's message. It reports whether it did both; when it
-// did not, nothing is acknowledged, and refused says what the stream's
-// answer said for sure (see completion), for the delivery to go on from.
-func (c *completer) complete(d *delivery, rec *job.Record, rev uint64) (acked bool, refused error) {
-	x := &completion{d: d, rec: rec, rev: rev, done: make(chan struct{})}
+// Start starts taking final versions, in the background.
+func (c *completer) Start(context.Context) error {
+	go c.run()
+	return nil
+}
+
+// Stop waits, until ctx ends, for what was handed on to be through, once
+// every delivery is (the handlers have returned: nothing hands on any
+// more).
+func (c *completer) Stop(ctx context.Context) error {
+	close(c.in)
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop the completer: %w", context.Cause(ctx))
+	}
+}
+
+func (c *completer) complete(f finalVersion) (stored uint64, refused error) {
+	x := &completion{finalVersion: f, done: make(chan struct{})}
 	c.in <- x
 	<-x.done
 	if x.stored == 0 {
-		return false, x.refused
+		return 0, x.refused
 	}
-	d.rec, d.rev = rec, x.stored
-	return true, nil
+	return x.stored, nil
 }
 
-// run takes what the deliveries hand on, a batch at a time, until close.
+// run takes what the deliveries hand on, a batch at a time, until Stop.
 func (c *completer) run() {
 	defer close(c.done)
 	for x := range c.in {
@@ -92,23 +143,12 @@ func (c *completer) run() {
 	}
 }
 
-// close ends run once every delivery is through (the handlers have
-// returned: nothing hands on any more).
-func (c *completer) close() {
-	if c == nil {
-		return // never started
-	}
-	close(c.in)
-	<-c.done
-}
-
 // settle sends the batch's final versions, reads their answers until
 // firstAnswer has passed since they were sent, and acknowledges the
 // messages of those stored.
 func (c *completer) settle(batch []*completion) {
-	j := c.w.journal
 	for _, x := range batch {
-		x.answer, x.err = j.SendRecord(x.rec, x.rev)
+		x.answer, x.err = c.send.SendRecord(x.rec, x.rev)
 	}
 	late := time.NewTimer(firstAnswer)
 	defer late.Stop()
@@ -142,15 +182,15 @@ func (c *completer) settle(batch []*completion) {
 		if x.stored == 0 {
 			alone++
 		} else {
-			if err := x.d.msg.Ack(); err != nil {
+			if err := x.msg.Ack(); err != nil {
 				// The version is stored: a redelivery finds the job
 				// finished and acknowledges it.
-				x.d.log().Warn("the ack of a finished job was not sent; it comes back and is acknowledged then", "err", err)
+				x.log().Warn("the ack of a finished job was not sent; it comes back and is acknowledged then", "err", err)
 			}
 		}
 		close(x.done)
 	}
-	ctx, m := context.Background(), c.w.m
+	ctx, m := context.Background(), c.m
 	m.batch.Record(ctx, int64(len(batch)), m.poolAttrs)
 	if alone > 0 {
 		m.alone.Add(ctx, int64(alone), m.poolAttrs)

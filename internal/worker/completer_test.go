@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -18,21 +19,18 @@ import (
 	"github.com/fleet-dev/fleet/job"
 )
 
-// finals are n deliveries of jobs j0…jn-1, each holding the final version
-// of its job to write against the revision it read, beside the stored
-// records in j.
-func finals(t *testing.T, w *Worker, j *memJournal, o *ops, n int) []*completion {
+// finals are the final versions of n jobs j0…jn-1, each to write against
+// the revision of its record stored in j, with its message.
+func finals(t *testing.T, j *memJournal, o *ops, n int) []finalVersion {
 	t.Helper()
-	var xs []*completion
+	var xs []finalVersion
 	for i := range n {
 		id := fmt.Sprintf("j%d", i)
 		rev := j.put(&job.Record{ID: id, Pool: "default", State: job.StateRunning, Attempt: 1, WorkerID: "w1"})
 		req := &job.Request{ID: id, Command: []string{"true"}}
-		d := &delivery{w: w, msg: jobMessage(t, o, req, rev, 1), id: id, n: 1, req: req, rev: rev,
-			key: queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: id}}
 		rec := &job.Record{ID: id, Pool: "default", State: job.StateSucceeded, Attempt: 1, Event: job.EventSucceeded,
 			Result: &job.Result{JobID: id, Status: job.StatusSucceeded}}
-		xs = append(xs, &completion{d: d, rec: rec, rev: rev, done: make(chan struct{})})
+		xs = append(xs, finalVersion{msg: jobMessage(t, o, req, rev, 1), rec: rec, rev: rev, log: slog.Default})
 	}
 	o.log = nil // the set-up's writes are not the test's
 	return xs
@@ -45,25 +43,29 @@ func TestTheCompleterStoresABatchThenAcknowledgesIt(t *testing.T) {
 	o := &ops{}
 	j := newJournal(o)
 	w := testWorker(t, j, Config{})
-	c := newCompleter(w, 8) // not running yet: what is handed on waits
-	xs := finals(t, w, j, o, 5)
+	c := newCompleter(j, 8, w.m) // not started yet: what is handed on waits
+	xs := finals(t, j, o, 5)
 	var wg sync.WaitGroup
-	acked := make([]bool, len(xs))
+	stored := make([]uint64, len(xs))
 	for i, x := range xs {
 		wg.Go(func() {
 			var refused error
-			acked[i], refused = c.complete(x.d, x.rec, x.rev)
+			stored[i], refused = c.complete(x)
 			if refused != nil {
-				t.Errorf("%s refused: %v", x.d.id, refused)
+				t.Errorf("%s refused: %v", x.rec.ID, refused)
 			}
 		})
 	}
 	for len(c.in) < len(xs) {
 		time.Sleep(time.Millisecond)
 	}
-	go c.run()
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	wg.Wait()
-	c.close()
+	if err := c.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 
 	want := []string{}
 	for range xs {
@@ -74,14 +76,11 @@ func TestTheCompleterStoresABatchThenAcknowledgesIt(t *testing.T) {
 	}
 	wantOps(t, o.all(), want)
 	for i, x := range xs {
-		if !acked[i] {
-			t.Errorf("%s: not acknowledged", x.d.id)
+		if stored[i] != x.rev+1 {
+			t.Errorf("%s: stored at revision %d, want %d", x.rec.ID, stored[i], x.rev+1)
 		}
-		if rec := j.get(x.d.id); rec.State != job.StateSucceeded {
-			t.Errorf("%s stored as %s", x.d.id, rec.State)
-		}
-		if x.d.rev != x.rev+1 || x.d.rec != x.rec {
-			t.Errorf("%s: the delivery holds revision %d, want the stored version's %d", x.d.id, x.d.rev, x.rev+1)
+		if rec := j.get(x.rec.ID); rec.State != job.StateSucceeded {
+			t.Errorf("%s stored as %s", x.rec.ID, rec.State)
 		}
 	}
 }
@@ -111,18 +110,14 @@ func TestTheCompleterHandsBackWhatItDoesNotKnowStored(t *testing.T) {
 				o := &ops{}
 				j := newJournal(o)
 				w := testWorker(t, answering{memJournal: j, give: tc.give}, Config{})
-				xs := finals(t, w, j, o, 1)
-				x := xs[0]
+				x := finals(t, j, o, 1)[0]
 				start := time.Now()
-				acked, refused := w.completer.complete(x.d, x.rec, x.rev)
-				if acked || !errors.Is(refused, tc.want) || (tc.want == nil && refused != nil) {
-					t.Errorf("complete: acked %v, refused %v; want not acknowledged, refused %v", acked, refused, tc.want)
+				stored, refused := w.completer.complete(x)
+				if stored != 0 || !errors.Is(refused, tc.want) || (tc.want == nil && refused != nil) {
+					t.Errorf("complete: stored at %d, refused %v; want nothing stored, refused %v", stored, refused, tc.want)
 				}
 				if waited := time.Since(start); tc.name == cases[3].name && waited != firstAnswer {
 					t.Errorf("handed back after %s, want %s", waited, firstAnswer)
-				}
-				if x.d.rev != x.rev {
-					t.Errorf("the delivery moved to revision %d with nothing stored", x.d.rev)
 				}
 				wantOps(t, o.all(), nil)
 			})
@@ -140,8 +135,9 @@ func TestAFinalVersionTheCompleterDoesNotKnowStoredIsWrittenAlone(t *testing.T) 
 		var sent *job.Record
 		lost := func(memAnswer) {} // stored, say, but the answer is lost
 		w := testWorker(t, answering{memJournal: j, give: lost, sent: func(r *job.Record) { sent = r }}, Config{})
-		xs := finals(t, w, j, o, 1)
-		d := xs[0].d
+		x := finals(t, j, o, 1)[0]
+		d := &delivery{w: w, msg: x.msg, id: x.rec.ID, n: 1, req: &job.Request{ID: x.rec.ID, Command: []string{"true"}}, rev: x.rev,
+			key: queue.JobKey{Tenant: job.DefaultTenant, Pool: "default", ID: x.rec.ID}}
 		d.rec, _, _ = j.Record(context.Background(), d.key)
 		d.ctx, d.cancel = context.WithCancelCause(w.scope.run)
 		o.log = nil

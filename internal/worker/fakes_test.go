@@ -269,9 +269,15 @@ func testWorker(t testing.TB, j journal, cfg Config) *Worker {
 	w.sealer, _ = queue.NewSealer(make([]byte, 32))
 	w.scope = newScopes(context.Background())
 	t.Cleanup(w.scope.giveUp)
-	w.completer = newCompleter(w, cfg.Slots)
-	go w.completer.run()
-	t.Cleanup(w.completer.close)
+	w.completer = newCompleter(j, cfg.Slots, w.m)
+	if err := w.completer.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.completer.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
 	return w
 }
 

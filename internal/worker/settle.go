@@ -345,7 +345,11 @@ func (d *delivery) finish(ctx context.Context, rev uint64, res *job.Result) (dea
 	if !dead && w.completer != nil && d.req != nil && !d.req.Persists() && d.req.RunID == "" && rev == d.rev {
 		rec := d.next()
 		final(rec)
-		acked, refused = w.completer.complete(d, rec, rev)
+		var stored uint64
+		stored, refused = w.completer.complete(finalVersion{msg: d.msg, rec: rec, rev: rev, log: d.log})
+		if acked = stored != 0; acked {
+			d.rec, d.rev = rec, stored
+		}
 	}
 	if !acked {
 		err = d.saveAfter(ctx, rev, final, refused, dlq)

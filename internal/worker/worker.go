@@ -224,7 +224,7 @@ type Worker struct {
 	// completer is the third stage: it stores the final versions of the
 	// attempts that ended well and acknowledges their messages, in
 	// batches (see completer.go).
-	completer *completer
+	completer completerStage
 	// background holds the sweep of data directories.
 	background lifecycle.Group
 	stopping   stopping
@@ -304,8 +304,10 @@ func (w *Worker) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	w.completer = newCompleter(w, w.cfg.Slots)
-	go w.completer.run()
+	w.completer = newCompleter(w.journal, w.cfg.Slots, w.m)
+	if err := w.completer.Start(ctx); err != nil {
+		return err
+	}
 	w.handlers.start(w.cfg.Slots, w.handle)
 	if err := w.p.Start(ctx, w.scope.run); err != nil {
 		return err
@@ -358,7 +360,11 @@ func (w *Worker) stop(ctx context.Context) error {
 		}
 	}
 	w.handlers.close() // nothing pulls any more
-	w.completer.close()
+	if w.completer != nil {
+		if cerr := w.completer.Stop(context.WithoutCancel(ctx)); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}
 	for _, f := range w.unsubscribe {
 		f()
 	}
