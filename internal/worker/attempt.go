@@ -146,8 +146,8 @@ func (d *delivery) cleanup(ctx context.Context) {
 // sequence). It returns nil when a copy of the job already runs here.
 func (d *delivery) receive() (context.Context, *situation) {
 	w := d.w
-	s := &situation{now: time.Now(), retryDelay: w.cfg.Retry}
 	fail := func(err error) (context.Context, *situation) {
+		s := d.situation()
 		s.malformed = err
 		d.ctx, d.cancel = context.WithCancelCause(w.scope.settle)
 		return w.scope.settle, s
@@ -203,11 +203,11 @@ func (d *delivery) receive() (context.Context, *situation) {
 		d.rec, d.rev = queued.Version(), meta.Sequence.Stream
 	} else if err != nil {
 		d.rec = queued.Version()
-		s = d.situation()
+		s := d.situation()
 		s.unsettled = err
 		return ctx, s
 	}
-	s = d.situation()
+	s := d.situation()
 	d.n = s.attemptOf()
 	d.logAttempt()
 	ctx, d.span = telemetry.Tracer().Start(ctx, "fleet.attempt", trace.WithSpanKind(trace.SpanKindConsumer),
@@ -282,7 +282,9 @@ func (d *delivery) unregister() {
 
 // situation gathers what the worker knows now, for decide: the record as
 // this delivery last read or wrote it, with its revision, which the
-// decision's writes are compare-and-sets against.
+// decision's writes are compare-and-sets against. It is the one way a
+// situation is made; a caller adds what it alone knows (malformed,
+// unsettled, noCapacity, outcome...).
 func (d *delivery) situation() *situation {
 	w := d.w
 	return &situation{rec: d.rec, rev: d.rev, req: d.req, submitted: d.sub, now: time.Now(), self: w.cfg.ID,
