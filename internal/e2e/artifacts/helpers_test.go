@@ -92,22 +92,38 @@ func startWorker(t testing.TB, f *fleettest.Fleet, executor, pool, id string, ar
 }
 
 // peakRSS is the peak resident size of a process (VmHWM), in bytes.
-func peakRSS(t testing.TB, pid int) int64 {
+func peakRSS(t testing.TB, pid int) int64 { return procStatus(t, pid, "VmHWM") }
+
+// restingRSS resets the peak resident size of a process to what it holds
+// now, and returns that (VmRSS), in bytes: what a later peakRSS exceeds it
+// by is what the process took meanwhile, whatever it reached before (its
+// start's peak depends on the garbage collector's pace, so on the load).
+func restingRSS(t testing.TB, pid int) int64 {
+	t.Helper()
+	// 5: reset the peak resident size (proc(5), since Linux 4.0).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		t.Fatalf("reset the peak resident size of %d: %v", pid, err)
+	}
+	return procStatus(t, pid, "VmRSS")
+}
+
+// procStatus reads field, a size in kB, from /proc/<pid>/status, in bytes.
+func procStatus(t testing.TB, pid int, field string) int64 {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
-				t.Fatalf("VmHWM %q: %v", v, err)
+				t.Fatalf("%s %q: %v", field, v, err)
 			}
 			return kb << 10
 		}
 	}
-	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
 

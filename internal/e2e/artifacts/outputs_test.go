@@ -19,16 +19,18 @@ import (
 // bigOutput is the size of the large output: 200 MiB of random bytes.
 const bigOutput = 200 * mib
 
-// maxWorkerRSS bounds a worker's peak resident size while it uploads
-// bigOutput: the upload must stream, not hold the file.
-const maxWorkerRSS = 64 * mib
+// maxUploadRSS bounds what a worker's resident size grows by while its job
+// writes bigOutput and it uploads it: the upload must stream, not hold the
+// file (an eighth of it at most; it takes about 6 MiB here, idle or beside
+// a second make test).
+const maxUploadRSS = 24 * mib
 
 // TestLargeBinaryOutputs runs a job writing 200 MiB of random bytes as its
 // output, on a process worker and on a Docker worker, each a real worker
 // process. The output comes back byte-identical through fleetctl output
 // and through GET /v1/jobs/{id}/outputs/{name} (with its length and
-// digest), and the worker's peak resident size, read from /proc once the
-// upload is done, stays under 64 MiB.
+// digest), and the worker's resident size, read from /proc once the
+// upload is done, peaked less than 24 MiB above what it held at rest.
 func TestLargeBinaryOutputs(t *testing.T) {
 	f := fleettest.Start(t)
 	const seed = "large-output"
@@ -50,7 +52,7 @@ func TestLargeBinaryOutputs(t *testing.T) {
 			req := tc.request(t)
 			pool := "big-" + tc.executor
 			w := startWorker(t, f, tc.executor, pool, "w-"+pool)
-			atRest := peakRSS(t, w.Cmd.Process.Pid)
+			atRest := restingRSS(t, w.Cmd.Process.Pid)
 
 			req.Pool, req.Outputs, req.Timeout = pool, []string{"blob.bin"}, durationOf(5*time.Minute)
 			start := time.Now()
@@ -61,10 +63,10 @@ func TestLargeBinaryOutputs(t *testing.T) {
 				t.Fatalf("status %s: %+v", r.Status, r.Failure)
 			}
 			peak := peakRSS(t, w.Cmd.Process.Pid)
-			t.Logf("%s worker: peak RSS %.1f MiB (%.1f MiB before the job); job and upload of %d MiB took %s",
+			t.Logf("%s worker: peak RSS %.1f MiB (%.1f MiB at rest before the job); job and upload of %d MiB took %s",
 				tc.executor, float64(peak)/mib, float64(atRest)/mib, bigOutput/mib, took.Round(time.Millisecond))
-			if peak >= maxWorkerRSS {
-				t.Errorf("the worker's peak RSS is %.1f MiB, over %d MiB", float64(peak)/mib, maxWorkerRSS/mib)
+			if peak-atRest >= maxUploadRSS {
+				t.Errorf("the worker's resident size grew by %.1f MiB during the job and its upload, %d MiB or more", float64(peak-atRest)/mib, maxUploadRSS/mib)
 			}
 			if _, inline := r.Outputs["blob.bin"]; inline {
 				t.Fatal("a 200 MiB binary output came back inline")
