@@ -27,6 +27,9 @@ type memBucket struct {
 	// staysOpen: Stop leaves a watch's channel open, as nats.go's may
 	// once its context ended while Watch made it (queue.Watched).
 	staysOpen bool
+	// watched, when set, is told of each watch once its first values are
+	// in its channel, before Watch returns.
+	watched func(keys string)
 
 	mu       sync.Mutex
 	rev      uint64
@@ -122,6 +125,9 @@ func (b *memBucket) Watch(_ context.Context, keys string, _ ...jetstream.WatchOp
 	}
 	w.updates <- nil // the first values are all there
 	b.watchers = append(b.watchers, w)
+	if b.watched != nil {
+		b.watched(keys)
+	}
 	return w, nil
 }
 

@@ -179,12 +179,23 @@ func (s *Scheduler) lead(ctx context.Context) error {
 		return fmt.Errorf("follow the schedules: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	// The schedules as they are, then every change.
+	// The schedules as they are (up to the nil that ends them), then
+	// every change.
+	read := false
 	for e := range queue.Watched(ctx, w) {
 		if e == nil {
+			read = true
 			break
 		}
 		s.apply(e, states)
+	}
+	if !read {
+		// Stopped, or the watch ended, before the first values were all
+		// read: their end is not for the feed below to take.
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errFeedEnded
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -195,7 +206,6 @@ func (s *Scheduler) lead(ctx context.Context) error {
 			s.apply(e, nil)
 		}
 		cancel(errFeedEnded) // if ctx ended first, its cause stays
-
 	}()
 	for range scheduleFiresAtOnce {
 		s.fires.Add(1)

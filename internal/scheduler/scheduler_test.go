@@ -488,3 +488,29 @@ func TestStopEndsTheFiringsOfAWatchThatNeverCloses(t *testing.T) {
 		}
 	})
 }
+
+// TestALeadStoppedWhileReadingTheSchedulesEndsThere: stopped while it
+// reads the schedules as they are, the lead ends without following them;
+// the nil that ends the first values, which the read may leave in the
+// watch, is never taken for a schedule. (queue.Watched ends a read with its
+// context, picking between it and what the watch holds at random: a
+// hundred tries take every path.)
+func TestALeadStoppedWhileReadingTheSchedulesEndsThere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for range 100 {
+			b, d := newMemBucket(), newFakeDispatcher()
+			put(t, b, every("a", time.Minute))
+			put(t, b, every("b", time.Minute))
+			ctx, cancel := context.WithCancel(context.Background())
+			b.watched = func(keys string) {
+				if keys == "spec.>" {
+					cancel()
+				}
+			}
+			s := New(Config{Dispatcher: d, Bucket: b, JetStream: b, Self: "d1", Logger: testLogger(t)})
+			if err := s.lead(ctx); err != nil {
+				t.Fatalf("lead stopped while reading the schedules: %v", err)
+			}
+		}
+	})
+}
