@@ -8,9 +8,9 @@
 # Usage: scripts/flakes.sh [-n RUNS] [-r REGEXP] [-l] [PKG...]
 #   -n RUNS    how many times each package's tests run (default 20)
 #   -r REGEXP  only the tests that match (default: all of the package's)
-#   -l         with a load beside them: the tests of ./internal/queue and
-#              ./internal/worker over and over, as make test runs other
-#              packages beside each one
+#   -l         with a load beside them: the tests of ./internal/queue,
+#              ./internal/producer and ./internal/worker over and over, as
+#              make test runs other packages beside each one
 #
 # make flakes PKGS="./internal/e2e/runs" RUNS=20 LOAD=1 runs it. It prints
 # each failure as it comes, then a table: test, package, failures of runs;
@@ -49,7 +49,7 @@ done
 loader=
 if [[ -n $load ]]; then
 	(
-		while :; do go test -race -count=1 ./internal/queue ./internal/worker >/dev/null 2>&1 || true; done
+		while :; do go test -race -count=1 ./internal/queue ./internal/producer ./internal/worker >/dev/null 2>&1 || true; done
 	) &
 	loader=$!
 fi
