@@ -24,7 +24,7 @@ while getopts "n:r:l" o; do
 	n) runs=$OPTARG ;;
 	r) match=$OPTARG ;;
 	l) load=1 ;;
-	*) sed -n '2,19p' "$0"; exit 2 ;;
+	*) sed -n '2,17p' "$0"; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
