@@ -287,13 +287,10 @@ func (d *Dispatcher) readAll(ctx context.Context, filter string) (map[string][]b
 	}
 	defer func() { _ = w.Stop() }()
 	out := map[string][]byte{}
-	for e := range queue.Watched(ctx, w) {
-		if e == nil {
-			return out, nil
-		}
-		out[e.Key()] = e.Value()
+	if err := queue.Current(ctx, w, func(e jetstream.KeyValueEntry) { out[e.Key()] = e.Value() }); err != nil {
+		return nil, fmt.Errorf("read the schedules: %w", err)
 	}
-	return nil, fmt.Errorf("read the schedules: %w", cmp.Or(context.Cause(ctx), errors.New("the watch ended before the last key")))
+	return out, nil
 }
 
 // decodeSchedule decodes and validates a schedule document of tenant,

@@ -1,7 +1,9 @@
 package queue
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"iter"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,4 +31,23 @@ func Watched(ctx context.Context, w jetstream.KeyWatcher) iter.Seq[jetstream.Key
 			}
 		}
 	}
+}
+
+// ErrWatchEnded is a watch whose channel closed before it had handed over
+// the values it held when it was made.
+var ErrWatchEnded = errors.New("the watch ended before its last key")
+
+// Current hands take each value a watch holds as it is made, up to the nil
+// that ends them, and returns nil once that nil is read: what the watch
+// hands over after is a change (Watched). Otherwise it returns the cause of
+// ctx's end, or ErrWatchEnded; the nil may then still be in the watch, and
+// a loop that goes on over it must not take it for a value.
+func Current(ctx context.Context, w jetstream.KeyWatcher, take func(jetstream.KeyValueEntry)) error {
+	for e := range Watched(ctx, w) {
+		if e == nil {
+			return nil
+		}
+		take(e)
+	}
+	return cmp.Or(context.Cause(ctx), ErrWatchEnded)
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,19 +178,9 @@ func (s *Scheduler) lead(ctx context.Context) error {
 		return fmt.Errorf("follow the schedules: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	// The schedules as they are (up to the nil that ends them), then
-	// every change.
-	read := false
-	for e := range queue.Watched(ctx, w) {
-		if e == nil {
-			read = true
-			break
-		}
-		s.apply(e, states)
-	}
-	if !read {
-		// Stopped, or the watch ended, before the first values were all
-		// read: their end is not for the feed below to take.
+	// The schedules as they are, then every change. Stopped, or the watch
+	// ended, before the first were all read, the lead ends there.
+	if err := queue.Current(ctx, w, func(e jetstream.KeyValueEntry) { s.apply(e, states) }); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -287,10 +276,6 @@ func (s *Scheduler) recording(ctx context.Context) {
 // holder starts again.
 var errFeedEnded = errors.New("the feed of the schedules ended")
 
-// errWatchEnded is a read of the bucket whose watch ended before it had
-// handed over every key.
-var errWatchEnded = errors.New("the watch ended before the last key")
-
 // states reads what every schedule's firings did.
 func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 	w, err := s.kv.Watch(ctx, "state.>", jetstream.IgnoreDeletes())
@@ -299,16 +284,16 @@ func (s *Scheduler) states(ctx context.Context) (map[string]stateEntry, error) {
 	}
 	defer func() { _ = w.Stop() }()
 	out := map[string]stateEntry{}
-	for e := range queue.Watched(ctx, w) {
-		if e == nil {
-			return out, nil
-		}
+	err = queue.Current(ctx, w, func(e jetstream.KeyValueEntry) {
 		var st job.ScheduleState
 		if json.Unmarshal(e.Value(), &st) == nil {
 			out[strings.TrimPrefix(e.Key(), "state.")] = stateEntry{st, e.Revision()}
 		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the schedules' firings: %w", err)
 	}
-	return nil, fmt.Errorf("read the schedules' firings: %w", cmp.Or(context.Cause(ctx), errWatchEnded))
+	return out, nil
 }
 
 type stateEntry struct {
