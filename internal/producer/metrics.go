@@ -18,6 +18,8 @@ type metrics struct {
 	// dispatcher said was on its way, tried again (see expected).
 	pullsAgain metric.Int64Counter
 	poolAttrs  metric.MeasurementOption
+	// paused observes the paused gauge until Close unregisters it.
+	paused metric.Registration
 }
 
 func newMetrics(m metric.Meter, pool string, paused func() bool) *metrics {
@@ -26,7 +28,7 @@ func newMetrics(m metric.Meter, pool string, paused func() bool) *metrics {
 	x.handedBack, _ = m.Int64Counter("fleet.worker.pulls.handed_back", metric.WithDescription("Jobs a pull request whose wait was cut brought with no slot free, handed back to their queue at once"))
 	x.pullsAgain, _ = m.Int64Counter("fleet.worker.pulls.again", metric.WithDescription("Pulls that found nothing in a queue whose job a dispatcher had said was on its way, tried again a moment later"))
 	gauge, _ := m.Int64ObservableGauge("fleet.worker.pool.paused", metric.WithDescription("1 while the worker's pool is paused, as the worker last read it"))
-	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	x.paused, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		v := int64(0)
 		if paused() {
 			v = 1
@@ -35,4 +37,13 @@ func newMetrics(m metric.Meter, pool string, paused func() bool) *metrics {
 		return nil
 	}, gauge)
 	return x
+}
+
+// close stops observing the producer's gauge: a process may run several
+// producers one after another (the tests do), and the meter would keep
+// each one's callback, and the producer, for good.
+func (x *metrics) close() {
+	if x.paused != nil {
+		_ = x.paused.Unregister()
+	}
 }

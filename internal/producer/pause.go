@@ -188,7 +188,7 @@ const wordsKept = 256
 
 // catchUp applies the pool's states that dispatchers told and the worker
 // has not applied yet. Called with a delivery in hand, before it is handed
-// on: a state told before the delivery came is in w.words by then, since
+// on: a state told before the delivery came is in p.words by then, since
 // the connection's reader puts each message in its subscription's channel
 // in the order they came.
 func (p *Producer) catchUp() {

@@ -41,7 +41,7 @@ type Attempts interface {
 }
 
 // Config is what a producer is built from: the worker's pool and slots,
-// and its connections. Every field but Meter is needed.
+// and its connections. Every field but Logger and Meter is needed.
 type Config struct {
 	Pool  string
 	Slots int
@@ -109,6 +109,9 @@ func New(cfg Config, run Attempts) *Producer {
 	if cfg.Meter == nil {
 		cfg.Meter = noop.NewMeterProvider().Meter("")
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	p := &Producer{
 		cfg: &cfg, nc: cfg.Conn, js: cfg.JetStream, names: cfg.Queue.Names, log: cfg.Logger, run: run,
 		src:   streamSource{js: cfg.JetStream, cfg: cfg.Queue, pool: cfg.Pool},
@@ -172,6 +175,7 @@ func (p *Producer) Close(ctx context.Context) error {
 		}
 	}
 	p.unlisten()
+	p.m.close()
 	return p.background.Stop(ctx)
 }
 

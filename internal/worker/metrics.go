@@ -31,6 +31,8 @@ type metrics struct {
 	poolAttrs   metric.MeasurementOption
 	status      map[job.Status]metric.MeasurementOption
 	class       map[job.FailureClass]metric.MeasurementOption
+	// slots observes the slots gauge until the worker stops.
+	slots metric.Registration
 }
 
 func (x *metrics) byStatus(s job.Status) metric.MeasurementOption {
@@ -97,10 +99,18 @@ func newMetrics(m metric.Meter, w *Worker) *metrics {
 	slotsGauge, _ := m.Int64ObservableGauge("fleet.worker.slots", metric.WithDescription("Slots of this worker, by state (total, used)"))
 	total := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "total")))
 	used := metric.WithAttributeSet(attribute.NewSet(pool, attribute.String("state", "used")))
-	_, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	x.slots, _ = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(slotsGauge, int64(w.cfg.Slots), total)
 		o.ObserveInt64(slotsGauge, int64(w.Running()), used)
 		return nil
 	}, slotsGauge)
 	return x
+}
+
+// close stops observing the worker's gauge, so that a stopped worker is not
+// kept by the meter (a process, a test's, may run many one after another).
+func (x *metrics) close() {
+	if x.slots != nil {
+		_ = x.slots.Unregister()
+	}
 }

@@ -380,6 +380,7 @@ func (w *Worker) stop(ctx context.Context) error {
 	case <-time.After(5 * time.Second):
 	}
 	w.scope.giveUp()
+	w.m.close()
 	w.log.Info("worker stopped")
 	return err
 }
